@@ -1,0 +1,219 @@
+"""CPU backend: the cuWide mini-batch step in vectorised numpy/scipy.
+
+This is the correctness reference for the CUDA kernels: it walks the same
+:class:`~sklearn_cuwide._layout.TileLayout` tiles in the same order and
+applies the same update rules, one sample block at a time:
+
+1. aggregate (feature -> sample): per-sample margins from the block's
+   feature-major nonzeros;
+2. loss (per sample): the loss and its derivative, scaled by
+   ``sample_weight / W_batch``;
+3. apply (sample -> feature): the gradient of every feature present in the
+   block, summed along its (contiguous) segment, then the sgd/adagrad update,
+   the L2 term and the L1 proximal step, fused.
+
+A mini-batch of several sample blocks applies the blocks one after another,
+each with its share of the mini-batch gradient (normalised by the
+mini-batch's total weight); this is also what the CUDA kernels do.
+"""
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import expit, logsumexp
+
+name = "cpu"
+xp = np
+
+#: Shared memory the CPU backend assumes when it sizes tiles, so that the CPU
+#: reference walks the same tiles as the kernels on an H200 (227 KiB opt-in).
+NOMINAL_SHARED_MEMORY = 232448
+
+
+def tile_shape(params, n_outputs, n_factors, batch_size):
+    """Sample-block rows and most hot features for a model (see _tiles)."""
+    from ._tiles import tile_shape as _ts
+
+    return _ts(NOMINAL_SHARED_MEMORY, params, n_outputs, n_factors, batch_size)
+
+
+def device_name():
+    return "cpu"
+
+
+# --------------------------------------------------------------------------
+# data movement (no-ops on the CPU)
+# --------------------------------------------------------------------------
+def to_device(a):
+    return a
+
+
+def to_host(a):
+    return a
+
+
+def put_layout(layout):
+    return layout
+
+
+def put_state(state):
+    return state
+
+
+def get_state(state):
+    return state
+
+
+def put_csr(X):
+    return X
+
+
+def synchronize():
+    pass
+
+
+# --------------------------------------------------------------------------
+# the mini-batch step
+# --------------------------------------------------------------------------
+def _bincount2(r, vals, m):
+    """Per-row sums of a (nnz, d) array: out[i] = sum_{r == i} vals."""
+    d = vals.shape[1]
+    idx = (r[:, None] * d + np.arange(d)).ravel()
+    return np.bincount(idx, weights=vals.ravel(), minlength=m * d).reshape(m, d)
+
+
+def _loss_and_derivative(margin, y, loss):
+    """Per-sample loss and d loss / d margin (float64)."""
+    if loss == "logistic":
+        m = margin[:, 0]
+        lo = np.logaddexp(0.0, m) - y * m
+        return lo, (expit(m) - y)[:, None]
+    if loss == "squared":
+        d = margin[:, 0] - y
+        return 0.5 * d * d, d[:, None]
+    # multinomial: y holds class indices
+    lse = logsumexp(margin, axis=1)
+    yi = y.astype(np.intp)
+    lo = lse - margin[np.arange(margin.shape[0]), yi]
+    p = np.exp(margin - lse[:, None])
+    p[np.arange(p.shape[0]), yi] -= 1.0
+    return lo, p
+
+
+def _update(P, G, F, g, params, l1):
+    """Fused sgd/adagrad update (+ L1 prox) of rows F of P (F unique)."""
+    lr = params.learning_rate
+    if params.solver == "sgd":
+        new = P[F] - lr * g
+        step = lr
+    else:
+        acc = G[F] + g * g
+        G[F] = acc
+        step = lr / (np.sqrt(acc) + params.eps)
+        new = P[F] - step * g
+    if l1 > 0:
+        new = np.sign(new) * np.maximum(np.abs(new) - step * l1, 0.0)
+    P[F] = new
+
+
+def sblock_step(layout, g, y, sw, w_batch, state, params):
+    """One sample block: aggregate, loss, apply. Returns sum of s_i*loss_i."""
+    r0, r1 = int(layout.sblock_row_ptr[g]), int(layout.sblock_row_ptr[g + 1])
+    m = r1 - r0
+    sl = layout.sblock_slice(g)
+    f = layout.feat[sl].astype(np.intp)
+    r = layout.row[sl].astype(np.intp)
+    x = layout.val[sl].astype(np.float64)
+    yb = y[r0:r1]
+    sb = sw[r0:r1].astype(np.float64)
+    dt = state.w.dtype
+    D = state.w.shape[1]
+
+    # ---- aggregate: feature -> sample ----
+    margin = np.zeros((m, D))
+    if params.fit_linear:
+        if D == 1:
+            margin[:, 0] = np.bincount(r, weights=state.w[f, 0] * x, minlength=m)
+        else:
+            margin += _bincount2(r, state.w[f] * x[:, None], m)
+    if params.model == "fm":
+        Vf = state.V[f].astype(np.float64)
+        xv = Vf * x[:, None]
+        s = _bincount2(r, xv, m)
+        q = np.bincount(r, weights=(xv * xv).sum(1), minlength=m)
+        margin[:, 0] += 0.5 * ((s * s).sum(1) - q)
+    if params.fit_intercept:
+        margin += state.b
+
+    # ---- loss: per sample ----
+    lo, d = _loss_and_derivative(margin, yb, params.loss)
+    e = d * (sb / w_batch)[:, None]  # (m, D)
+    loss_sum = float(np.dot(sb, lo))
+
+    # ---- apply: sample -> feature ----
+    if f.size:
+        heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1])))
+        F = f[heads]
+        er = e[r]  # (nnz, D)
+        if params.fit_linear:
+            gw = np.add.reduceat(er * x[:, None], heads, axis=0)
+            gw += params.l2_w * state.w[F]
+            _update(state.w, state.gw, F, gw.astype(dt), params, params.l1)
+        if params.model == "fm":
+            e0 = er[:, 0]
+            gV = np.add.reduceat(
+                (e0 * x)[:, None] * s[r] - Vf * (e0 * x * x)[:, None], heads, axis=0
+            )
+            gV += params.l2_v * state.V[F]
+            _update(state.V, state.gV, F, gV.astype(dt), params, 0.0)
+    if params.fit_intercept:
+        gb = e.sum(0).astype(dt)
+        _update(state.b, state.gb, slice(None), gb, params, 0.0)
+    return loss_sum
+
+
+def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, **_):
+    """One pass over the mini-batches in ``batch_order``.
+
+    Returns the sum over samples of ``sample_weight * loss`` (each computed
+    with the weights before its own block's update).
+    """
+    total = 0.0
+    bsp = layout.batch_sblock_ptr
+    for bt in batch_order:
+        wb = float(batch_weight[bt])
+        if wb <= 0:
+            continue
+        for g in range(int(bsp[bt]), int(bsp[bt + 1])):
+            total += sblock_step(layout, g, y, sw, wb, state, params)
+    return total
+
+
+# --------------------------------------------------------------------------
+# prediction and full-batch gradients (scipy sparse)
+# --------------------------------------------------------------------------
+def decision_function(X, w, b, V=None, fit_linear=True):
+    """Decision values (n_samples, n_outputs), float64, of X (user order)."""
+    X = X.tocsr() if sp.issparse(X) else np.asarray(X)
+    out = np.zeros((X.shape[0], w.shape[1]))
+    if fit_linear:
+        out += np.asarray(X @ w.astype(np.float64))
+    if V is not None:
+        V64 = V.astype(np.float64)
+        XV = np.asarray(X @ V64)
+        if sp.issparse(X):
+            X2 = X.multiply(X)
+        else:
+            X2 = X * X
+        out[:, 0] += 0.5 * ((XV * XV).sum(1) - np.asarray(X2 @ (V64 * V64)).sum(1))
+    out += np.asarray(b, dtype=np.float64)
+    return out
+
+
+def matmul(X, W):
+    """X @ W for a sparse X and a dense 2-D W (float64)."""
+    return np.asarray(X @ W)
+
+
+def rmatmul(X, E):
+    """X.T @ E for a sparse X and a dense 2-D E (float64)."""
+    return np.asarray(X.T @ E)

@@ -1,0 +1,255 @@
+"""Solver functions: arrays and hyperparameters in, fitted arrays out.
+
+They never see an estimator.  Each takes a ``backend`` module
+(:mod:`._backends._cpu` or :mod:`._backends._cuda`) that does the heavy
+lifting on its device; the code here is the same for both.
+
+* :func:`fit_minibatch` -- the cuWide way: epochs of mini-batch sgd/adagrad
+  steps over a :class:`~._layout.TileLayout` (LR, multinomial LR, FM).
+* :func:`fit_lbfgs_linear` -- full-batch L-BFGS for (multinomial) logistic
+  regression, the same objective as scikit-learn's ``LogisticRegression``.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from ._lbfgs import minimize_lbfgs
+from ._state import ModelState
+
+__all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights", "pointwise_loss"]
+
+
+def batch_weights(layout, sw_layout):
+    """Total sample weight of every mini-batch (numpy, float64)."""
+    starts = layout.sblock_row_ptr[layout.batch_sblock_ptr[:-1]]
+    if starts.size == 0:
+        return np.zeros(0)
+    return np.add.reduceat(np.asarray(sw_layout, dtype=np.float64), starts)
+
+
+def pointwise_loss(xp, Z, y, loss):
+    """Per-sample loss and its derivative w.r.t. the decision values ``Z``.
+
+    ``Z`` is (n, n_outputs) float64; ``y`` holds 0/1 targets (logistic),
+    class indices (multinomial) or real targets (squared).
+    """
+    if loss == "logistic":
+        z = Z[:, 0]
+        lo = xp.logaddexp(0.0, z) - y * z
+        p = 0.5 * (1.0 + xp.tanh(0.5 * z))  # stable sigmoid
+        return lo, (p - y)[:, None]
+    if loss == "squared":
+        d = Z[:, 0] - y
+        return 0.5 * d * d, d[:, None]
+    zmax = Z.max(axis=1, keepdims=True)
+    ez = xp.exp(Z - zmax)
+    se = ez.sum(axis=1, keepdims=True)
+    lse = (xp.log(se) + zmax)[:, 0]
+    yi = y.astype(xp.int64)
+    rows = xp.arange(Z.shape[0])
+    lo = lse - Z[rows, yi]
+    P = ez / se
+    P[rows, yi] -= 1.0
+    return lo, P
+
+
+# --------------------------------------------------------------------------
+# full batch: L-BFGS
+# --------------------------------------------------------------------------
+def fit_lbfgs_linear(
+    X,
+    y,
+    sample_weight,
+    *,
+    loss,
+    n_outputs,
+    C,
+    fit_intercept,
+    max_iter,
+    tol,
+    backend,
+    coef_init=None,
+    intercept_init=None,
+    verbose=0,
+):
+    """Minimise ``mean_s(loss) + ||W||^2 / (2 C sum(s))`` with L-BFGS.
+
+    This is scikit-learn's ``LogisticRegression`` objective (divided by
+    ``sum(s)``), so for the same ``C`` both reach the same coefficients.
+
+    Parameters
+    ----------
+    X : sparse matrix (n_samples, n_features), on the backend's device
+    y : array (n_samples,): 0/1 (logistic), class index (multinomial) or real
+    sample_weight : array (n_samples,), already multiplied by class weights
+    loss : {"logistic", "multinomial", "squared"}
+    n_outputs : int
+    C : float (``np.inf`` for no penalty)
+
+    Returns
+    -------
+    coef : ndarray (n_outputs, n_features), intercept : ndarray (n_outputs,),
+    n_iter : int, loss_curve : list of float
+    """
+    xp = backend.xp
+    n, d = X.shape
+    D = int(n_outputs)
+    y = xp.asarray(backend.to_device(y), dtype=xp.float64)
+    s = xp.asarray(backend.to_device(sample_weight), dtype=xp.float64)
+    S = float(s.sum())
+    lam = 0.0 if not math.isfinite(C) else 1.0 / (C * S)
+    ws = s / S
+
+    def fun_grad(x):
+        W = x[: d * D].reshape(d, D)
+        Z = backend.matmul(X, W)
+        if fit_intercept:
+            Z = Z + x[d * D :]
+        lo, dZ = pointwise_loss(xp, Z, y, loss)
+        E = dZ * ws[:, None]
+        f = float(xp.dot(ws, lo)) + 0.5 * lam * float(xp.dot(x[: d * D], x[: d * D]))
+        gW = backend.rmatmul(X, E) + lam * W
+        if fit_intercept:
+            return f, xp.concatenate([gW.ravel(), E.sum(axis=0)])
+        return f, gW.ravel()
+
+    n_par = d * D + (D if fit_intercept else 0)
+    x0 = xp.zeros(n_par, dtype=xp.float64)
+    if coef_init is not None:
+        x0[: d * D] = xp.asarray(backend.to_device(np.asarray(coef_init).T.ravel()))
+    if intercept_init is not None and fit_intercept:
+        x0[d * D :] = xp.asarray(backend.to_device(np.asarray(intercept_init)))
+    curve = []
+
+    def cb(it, f):
+        curve.append(f)
+        if verbose:
+            print(f"Iteration {it}: loss {f:.6f}", flush=True)
+
+    x, f, n_iter, _ = minimize_lbfgs(
+        fun_grad, x0, xp, max_iter=max_iter, gtol=tol, callback=cb
+    )
+    x = np.asarray(backend.to_host(x))
+    coef = x[: d * D].reshape(d, D).T.copy()
+    intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
+    return coef, intercept, n_iter, curve
+
+
+# --------------------------------------------------------------------------
+# mini-batch: the cuWide flow over a tile layout
+# --------------------------------------------------------------------------
+def _validation_loss(backend, Xv, yv, swv, state, params):
+    xp = backend.xp
+    Z = backend.decision_function(
+        Xv, state.w, state.b, state.V, fit_linear=params.fit_linear
+    )
+    lo, _ = pointwise_loss(xp, xp.asarray(Z), yv, params.loss)
+    return float(xp.dot(swv, lo) / swv.sum())
+
+
+def fit_minibatch(
+    layout,
+    y,
+    sample_weight,
+    state,
+    params,
+    *,
+    backend,
+    max_iter,
+    tol=None,
+    n_iter_no_change=5,
+    shuffle=True,
+    random_state=None,
+    validation=None,
+    verbose=0,
+    backend_options=None,
+):
+    """Epochs of mini-batch sgd/adagrad over a tile layout.
+
+    Parameters
+    ----------
+    layout : TileLayout
+    y, sample_weight : ndarray (n_rows,) in the *user's* row order
+    state : ModelState in the user's feature order (numpy)
+    params : StepParams
+    backend : backend module
+    max_iter : int
+        Epochs.
+    tol : float or None
+        Stop when the monitored loss (validation loss if ``validation`` is
+        given, else the training loss) has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs.
+    shuffle : bool
+        Visit the mini-batches in a new random order every epoch.
+    validation : tuple (X_val, y_val, sw_val) or None
+        Held-out data in the user's order (X_val sparse, user feature order).
+    backend_options : dict, passed to ``backend.run_epoch``.
+
+    Returns
+    -------
+    state (numpy, user order), n_iter, loss_curve, validation_curve
+    """
+    xp = backend.xp
+    rng = np.random.default_rng(random_state)
+    ro = layout.row_order
+    y_l = np.ascontiguousarray(np.asarray(y)[ro])
+    sw_l = np.ascontiguousarray(np.asarray(sample_weight, dtype=np.float64)[ro])
+    bw = batch_weights(layout, sw_l)
+    total_w = float(sw_l.sum())
+    dt = state.w.dtype
+
+    dev_layout = backend.put_layout(layout)
+    dev_y = backend.to_device(y_l.astype(dt))
+    dev_sw = backend.to_device(sw_l.astype(dt))
+    dstate = backend.put_state(state.permute_features(layout.feature_order))
+
+    val = None
+    if validation is not None:
+        Xv, yv, swv = validation
+        Xv = Xv.tocsr()[:, layout.feature_order]  # layout feature order
+        val = (
+            backend.put_csr(Xv),
+            xp.asarray(backend.to_device(np.asarray(yv, dtype=np.float64))),
+            xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
+        )
+
+    loss_curve, val_curve = [], []
+    best, no_improve = math.inf, 0
+    n_iter = 0
+    opts = dict(backend_options or {})
+    for epoch in range(int(max_iter)):
+        order = rng.permutation(layout.n_batches) if shuffle else None
+        if order is None:
+            order = np.arange(layout.n_batches)
+        t0 = time.perf_counter()
+        lsum = backend.run_epoch(
+            dev_layout, dev_y, dev_sw, bw, dstate, params, order, **opts
+        )
+        dt_epoch = time.perf_counter() - t0
+        n_iter = epoch + 1
+        ep_loss = float(lsum) / total_w if total_w > 0 else 0.0
+        loss_curve.append(ep_loss)
+        monitored = ep_loss
+        msg = f"Epoch {n_iter}: loss {ep_loss:.6f}"
+        if val is not None:
+            vl = _validation_loss(backend, *val, dstate, params)
+            val_curve.append(vl)
+            monitored = vl
+            msg += f", validation loss {vl:.6f}"
+        if verbose:
+            rate = layout.n_rows / dt_epoch if dt_epoch > 0 else float("inf")
+            print(f"{msg}, {rate:,.0f} samples/s", flush=True)
+        if not math.isfinite(ep_loss):
+            break
+        if tol is not None:
+            if monitored > best - tol:
+                no_improve += 1
+            else:
+                no_improve = 0
+            best = min(best, monitored)
+            if no_improve >= n_iter_no_change:
+                break
+    out = backend.get_state(dstate).permute_features(layout.feature_rank)
+    return out, n_iter, loss_curve, val_curve

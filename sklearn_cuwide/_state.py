@@ -1,0 +1,128 @@
+"""Plain containers handed from the estimators to the solvers and backends.
+
+Nothing here knows about estimators: a solver gets a :class:`ModelState` (the
+model's arrays and the optimiser's accumulators) and a :class:`StepParams`
+(the hyperparameters of one mini-batch step) and returns arrays.
+"""
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = ["StepParams", "ModelState", "LOSSES", "MODELS", "SOLVERS"]
+
+MODELS = ("linear", "fm")
+LOSSES = ("logistic", "multinomial", "squared")
+SOLVERS = ("sgd", "adagrad")
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """Hyperparameters of one mini-batch step (shared by every backend).
+
+    The objective of a mini-batch ``B`` of total sample weight ``W_B`` is::
+
+        (1 / W_B) * sum_{i in B} s_i * loss(y_i, f(x_i))
+            + l2_w / 2 * ||w_F||^2 + l2_v / 2 * ||V_F||^2 + l1 * ||w_F||_1
+
+    where ``F`` are the features present in the mini-batch (lazy
+    regularisation, as libFM, xLearn and sparse PyTorch optimisers do).  The
+    intercept is never regularised.  ``l1`` is applied by a proximal step.
+    """
+
+    model: str = "linear"  # "linear" or "fm"
+    loss: str = "logistic"  # "logistic", "multinomial" or "squared"
+    solver: str = "adagrad"  # "sgd" or "adagrad"
+    learning_rate: float = 0.1
+    l2_w: float = 0.0
+    l2_v: float = 0.0
+    l1: float = 0.0
+    eps: float = 1e-7
+    fit_intercept: bool = True
+    fit_linear: bool = True
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown solver {self.solver!r}")
+        if self.model == "fm" and self.loss == "multinomial":
+            raise ValueError("the FM is binary or regression only")
+
+    def replace(self, **kw):
+        return replace(self, **kw)
+
+
+@dataclass
+class ModelState:
+    """The model's arrays, in *layout* feature order during a fit.
+
+    ``w``: (n_features, n_outputs) linear weights; ``V``: (n_features,
+    n_factors) factors or None; ``b``: (n_outputs,) intercepts.  ``gw``, ``gV``
+    and ``gb`` are Adagrad's sums of squared gradients (None for sgd).
+    Arrays are numpy on the CPU backend and cupy on the CUDA backend.
+    """
+
+    w: object
+    b: object
+    V: object = None
+    gw: object = None
+    gV: object = None
+    gb: object = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_outputs(self):
+        return int(self.w.shape[1])
+
+    @property
+    def n_factors(self):
+        return 0 if self.V is None else int(self.V.shape[1])
+
+    def arrays(self):
+        return {
+            k: getattr(self, k)
+            for k in ("w", "b", "V", "gw", "gV", "gb")
+            if getattr(self, k) is not None
+        }
+
+    @classmethod
+    def zeros(
+        cls,
+        n_features,
+        n_outputs=1,
+        n_factors=0,
+        *,
+        adagrad=False,
+        dtype=np.float32,
+        init_scale=0.0,
+        random_state=None,
+    ):
+        """A fresh state (numpy): zero weights, factors ~ N(0, init_scale^2)."""
+        w = np.zeros((n_features, n_outputs), dtype=dtype)
+        b = np.zeros(n_outputs, dtype=dtype)
+        V = None
+        if n_factors:
+            rng = np.random.default_rng(random_state)
+            V = (rng.standard_normal((n_features, n_factors)) * init_scale).astype(
+                dtype
+            )
+        st = cls(w=w, b=b, V=V)
+        if adagrad:
+            st.gw = np.zeros_like(w)
+            st.gb = np.zeros_like(b)
+            st.gV = None if V is None else np.zeros_like(V)
+        return st
+
+    def permute_features(self, index, xp=np):
+        """A new state whose feature ``j`` is this state's ``index[j]``."""
+        out = ModelState(w=None, b=None)
+        for k in ("w", "V", "gw", "gV"):
+            a = getattr(self, k)
+            setattr(out, k, None if a is None else xp.ascontiguousarray(a[index]))
+        out.b = self.b
+        out.gb = self.gb
+        out.extra = dict(self.extra)
+        return out
