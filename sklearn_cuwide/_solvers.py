@@ -81,7 +81,8 @@ def fit_lbfgs_linear(
 
     Parameters
     ----------
-    X : sparse matrix (n_samples, n_features), on the backend's device
+    X : sparse matrix (n_samples, n_features) (scipy, or on the backend's
+        device); it is used as float64 CSR
     y : array (n_samples,): 0/1 (logistic), class index (multinomial) or real
     sample_weight : array (n_samples,), already multiplied by class weights
     loss : {"logistic", "multinomial", "squared"}
@@ -94,6 +95,7 @@ def fit_lbfgs_linear(
     n_iter : int, loss_curve : list of float
     """
     xp = backend.xp
+    X = backend.put_csr(X, dtype=np.float64)
     n, d = X.shape
     D = int(n_outputs)
     y = xp.asarray(backend.to_device(y), dtype=xp.float64)

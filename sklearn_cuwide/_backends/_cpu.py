@@ -24,16 +24,17 @@ from scipy.special import expit, logsumexp
 name = "cpu"
 xp = np
 
-#: Shared memory the CPU backend assumes when it sizes tiles, so that the CPU
-#: reference walks the same tiles as the kernels on an H200 (227 KiB opt-in).
-NOMINAL_SHARED_MEMORY = 232448
+#: Shared memory per multiprocessor the CPU backend assumes when it sizes
+#: tiles, so that the CPU reference walks the same tiles as the kernels on an
+#: H200 (228 KiB per SM).
+NOMINAL_SHARED_PER_SM = 233472
 
 
 def tile_shape(params, n_outputs, n_factors, batch_size):
     """Sample-block rows and most hot features for a model (see _tiles)."""
     from ._tiles import tile_shape as _ts
 
-    return _ts(NOMINAL_SHARED_MEMORY, params, n_outputs, n_factors, batch_size)
+    return _ts(NOMINAL_SHARED_PER_SM, params, n_outputs, n_factors, batch_size)
 
 
 def device_name():
@@ -63,7 +64,14 @@ def get_state(state):
     return state
 
 
-def put_csr(X):
+def put_csr(X, dtype=None):
+    """The matrix as the backend computes with it: canonical CSR."""
+    X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(X)
+    if dtype is not None and X.dtype != dtype:
+        X = X.astype(dtype)
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
     return X
 
 
@@ -193,7 +201,13 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, **_):
 # --------------------------------------------------------------------------
 def decision_function(X, w, b, V=None, fit_linear=True):
     """Decision values (n_samples, n_outputs), float64, of X (user order)."""
-    X = X.tocsr() if sp.issparse(X) else np.asarray(X)
+    if sp.issparse(X):
+        X = X.tocsr()
+        if not X.has_canonical_format:  # the FM term is not linear in X
+            X = X.copy()
+            X.sum_duplicates()
+    else:
+        X = np.asarray(X)
     out = np.zeros((X.shape[0], w.shape[1]))
     if fit_linear:
         out += np.asarray(X @ w.astype(np.float64))

@@ -1,0 +1,68 @@
+// Shared device helpers of the sklearn-cuwide kernels.
+//
+// Compiled at run time by NVRTC through cupy.RawModule (no host headers);
+// also compiles standalone with nvcc for the CPU test that checks syntax.
+#pragma once
+
+#define CUWIDE_FULL_MASK 0xffffffffu
+
+namespace cuwide {
+
+enum Model { LINEAR = 0, FM = 1 };
+enum Loss { LOGISTIC = 0, MULTINOMIAL = 1, SQUARED = 2 };
+enum Solver { SGD = 0, ADAGRAD = 1 };
+
+// log(1 + exp(z)) without overflow
+__device__ __forceinline__ float log1pexp(float z) {
+  return z > 0.f ? z + log1pf(expf(-z)) : log1pf(expf(z));
+}
+
+__device__ __forceinline__ float sigmoid(float z) {
+  // 0.5 * (1 + tanh(z / 2)) is exact at both ends
+  return 0.5f * (1.f + tanhf(0.5f * z));
+}
+
+// Largest power of two <= min(n, 32): lanes that share one nonzero.
+template <int N>
+struct GroupSize {
+  static constexpr int v = N >= 32 ? 32 : N >= 16 ? 16 : N >= 8 ? 8 : N >= 4 ? 4 : N >= 2 ? 2 : 1;
+};
+
+// Row stride of per-sample accumulators in shared memory: odd when > 1, so
+// the lanes of a warp that touch different rows hit different banks.
+template <int W>
+struct OddStride {
+  static constexpr int v = (W > 1 && (W % 2) == 0) ? W + 1 : W;
+};
+
+// One sgd/adagrad step on one parameter, with the L1 proximal step fused.
+// Lock-free: the accumulator and the parameter are updated atomically, so
+// concurrent thread blocks (Hogwild) never lose an update.
+template <int SOLVER>
+__device__ __forceinline__ void update_param(float* p, float* G, float g, float lr,
+                                             float eps, float l1) {
+  float step;
+  if (SOLVER == SGD) {
+    step = lr;
+  } else {
+    const float gg = g * g;
+    const float acc = atomicAdd(G, gg) + gg;
+    step = lr / (sqrtf(acc) + eps);
+  }
+  const float delta = -step * g;
+  if (l1 > 0.f) {
+    const float thr = step * l1;
+    int* pi = reinterpret_cast<int*>(p);
+    int old = *pi, assumed;
+    do {
+      assumed = old;
+      float nv = __int_as_float(assumed) + delta;
+      nv = copysignf(fmaxf(fabsf(nv) - thr, 0.f), nv);
+      old = atomicCAS(pi, assumed, __float_as_int(nv));
+    } while (old != assumed);
+  } else {
+    atomicAdd(p, delta);
+  }
+}
+
+}  // namespace cuwide

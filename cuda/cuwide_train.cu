@@ -1,0 +1,443 @@
+// cuWide flow-based training kernel (LR, multinomial LR, order-2 FM).
+//
+// One persistent kernel runs one pass over a list of mini-batches of the
+// tiled, feature-major layout (sklearn_cuwide/_layout.py).  A thread block
+// takes a mini-batch (dynamically, through an atomic work counter, or
+// round-robin) and walks its sample blocks.  For each sample block:
+//
+//   init       per-sample accumulators <- 0 (shared memory); the hot
+//              features' parameters (ids < n_hot) are cached in shared memory
+//   aggregate  feature -> sample: every nonzero adds its feature's weight
+//              (and factors) times its value to its sample's accumulators
+//   loss       per sample: loss, and the derivative scaled by
+//              sample_weight / W_batch, kept in the same shared-memory slot
+//              (cross-stage accumulation caching: the per-sample state never
+//              goes through global memory inside a tile)
+//   apply      sample -> feature.  Hot tile: per-nonzero gradients are
+//              reduced across the lanes of a warp (segmented scan over the
+//              sorted feature ids) and added into n_rep replicated shared
+//              accumulators, flushed once per sample block.  Cold tile: one
+//              group of lanes per feature segment (the segment heads are
+//              compacted per chunk) sums the segment and updates the
+//              parameter in global memory directly.
+//   update     sgd / adagrad, L2 on the present features, L1 proximal step,
+//              fused into the flush and the cold apply.
+//
+// Semantics: with one thread block and round-robin order the mini-batches
+// are applied strictly in order, exactly as the CPU backend does.  With many
+// blocks they run concurrently and lock-free (Hogwild): every update is an
+// atomic add (or CAS for the L1 prox), so no update is lost, but a block may
+// read weights that another block is about to change.
+//
+// Ablation switches (runtime): n_hot = 0 disables hot-feature caching;
+// n_rep = 1 disables replication; acc_global != nullptr keeps the per-sample
+// accumulators in global memory (no cross-stage caching).
+#include "cuwide_common.cuh"
+
+using namespace cuwide;
+
+template <int MODEL, int NOUT, int NF>
+struct Shape {
+  static constexpr int HW = MODEL == FM ? NF + 1 : NOUT;   // model floats per feature
+  static constexpr int RW = MODEL == FM ? NF + 1 : NOUT;   // per-sample floats
+  static constexpr int RS = OddStride<RW>::v;              // per-sample stride
+  static constexpr int G = MODEL == FM ? GroupSize<NF>::v : 1;  // lanes per nonzero
+  static constexpr int KPL = MODEL == FM ? (NF + G - 1) / G : 1;  // factors per lane
+};
+
+template <int LOSS>
+__device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
+  if (LOSS == SQUARED) {
+    d = z - y;
+    lo = 0.5f * d * d;
+  } else {
+    lo = log1pexp(z) - y * z;
+    d = sigmoid(z) - y;
+  }
+}
+
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
+__global__ void __launch_bounds__(512) cuwide_train(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, long long nnz_base,
+    const long long* __restrict__ tile_ptr, const long long* __restrict__ sblock_row_ptr,
+    const long long* __restrict__ batch_sblock_ptr, const int* __restrict__ order,
+    int n_work, int* work_counter, const float* __restrict__ y,
+    const float* __restrict__ sw, const float* __restrict__ batch_w, float* w, float* V,
+    float* b, float* gw, float* gV, float* gb, int sample_block, int n_hot, int n_rep,
+    float* acc_global, float lr, float l2w, float l2v, float l1, float eps,
+    int fit_intercept, int fit_linear, double* loss_out) {
+  using S = Shape<MODEL, NOUT, NF>;
+  constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ int s_item;
+  const int tid = threadIdx.x, bd = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5, n_warps = bd >> 5;
+
+  float* acc_s = reinterpret_cast<float*>(smem_raw);
+  float* hcache = acc_s + (acc_global ? 0 : sample_block * RS);
+  const long long hsize = (long long)n_hot * HW;
+  float* hgrad = hcache + hsize;
+  int* heads = reinterpret_cast<int*>(hgrad + (long long)n_rep * hsize);
+  int* wcount = heads + bd;                                  // 33 ints
+  float* bgrad = reinterpret_cast<float*>(wcount + 33);      // NOUT floats
+  unsigned char* touched = reinterpret_cast<unsigned char*>(bgrad + NOUT);
+  float* acc = acc_global ? acc_global + (long long)blockIdx.x * sample_block * RS : acc_s;
+
+  // group of G lanes per nonzero / per segment
+  const int gl = tid % G, gid = tid / G, ng = bd / G;
+  const int gidw = lane / G, ngw = 32 / G;
+
+  for (long long i = tid; i < (long long)n_rep * hsize; i += bd) hgrad[i] = 0.f;
+  for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
+  double my_loss = 0.0;
+  int step = 0;
+
+  for (;;) {
+    int item;
+    if (work_counter) {
+      __syncthreads();
+      if (tid == 0) s_item = atomicAdd(work_counter, 1);
+      __syncthreads();
+      item = s_item;
+    } else {
+      item = blockIdx.x + step * gridDim.x;
+      ++step;
+    }
+    if (item >= n_work) break;
+    const int bt = order[item];
+    const float wb = batch_w[bt];
+    if (!(wb > 0.f)) continue;
+    const float inv_wb = 1.f / wb;
+
+    for (long long g = batch_sblock_ptr[bt]; g < batch_sblock_ptr[bt + 1]; ++g) {
+      const long long r0 = sblock_row_ptr[g];
+      const int m = (int)(sblock_row_ptr[g + 1] - r0);
+      const long long t0 = tile_ptr[2 * g] - nnz_base;
+      const long long t1 = tile_ptr[2 * g + 1] - nnz_base;
+      const long long t2 = tile_ptr[2 * g + 2] - nnz_base;
+
+      // ---------------- init ----------------
+      for (int i = tid; i < m * RS; i += bd) acc[i] = 0.f;
+      for (long long i = tid; i < hsize; i += bd) {
+        const int f = (int)(i / HW), j = (int)(i - (long long)f * HW);
+        float v;
+        if (MODEL == FM)
+          v = j < NF ? V[(long long)f * NF + j] : (fit_linear ? w[f] : 0.f);
+        else
+          v = w[(long long)f * NOUT + j];
+        hcache[i] = v;
+      }
+      if (tid < NOUT) bgrad[tid] = 0.f;
+      __syncthreads();
+
+      // ---------------- aggregate: feature -> sample ----------------
+      if (MODEL == LINEAR) {
+        for (long long i = t0 + tid; i < t2; i += bd) {
+          const int f = feat[i];
+          const int r = row[i];
+          const float x = val[i];
+          const bool hot = i < t1;
+          if (hot) touched[f] = 1;
+#pragma unroll
+          for (int o = 0; o < NOUT; ++o) {
+            const float wv = hot ? hcache[f * NOUT + o] : w[(long long)f * NOUT + o];
+            atomicAdd(&acc[r * RS + o], wv * x);
+          }
+        }
+      } else {
+        for (long long base = t0; base < t2; base += ng) {
+          const long long i = base + gid;
+          const bool active = i < t2;
+          int f = 0, r = 0;
+          float x = 0.f, sq = 0.f;
+          bool hot = false;
+          if (active) {
+            f = feat[i];
+            r = row[i];
+            x = val[i];
+            hot = i < t1;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              if (k < NF) {
+                const float v = hot ? hcache[f * HW + k] : V[(long long)f * NF + k];
+                const float vx = v * x;
+                atomicAdd(&acc[r * RS + k], vx);
+                sq += vx * vx;
+              }
+            }
+          }
+#pragma unroll
+          for (int off = G / 2; off > 0; off >>= 1)
+            sq += __shfl_xor_sync(CUWIDE_FULL_MASK, sq, off);
+          if (active && gl == 0) {
+            float lin = 0.f;
+            if (fit_linear) lin = (hot ? hcache[f * HW + NF] : w[f]) * x;
+            atomicAdd(&acc[r * RS + NF], lin - 0.5f * sq);
+            if (hot) touched[f] = 1;
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---------------- loss: per sample ----------------
+      {
+        float bsum[NOUT];
+#pragma unroll
+        for (int o = 0; o < NOUT; ++o) bsum[o] = 0.f;
+        for (int i = tid; i < m; i += bd) {
+          float* a = acc + i * RS;
+          const float yi = y[r0 + i];
+          const float si = sw[r0 + i];
+          const float scale = si * inv_wb;
+          if (MODEL == FM) {
+            float s2 = 0.f;
+            for (int k = 0; k < NF; ++k) s2 += a[k] * a[k];
+            const float z = a[NF] + 0.5f * s2 + (fit_intercept ? b[0] : 0.f);
+            float lo, d;
+            loss1<LOSS>(z, yi, lo, d);
+            my_loss += (double)(si * lo);
+            a[NF] = d * scale;
+            bsum[0] += d * scale;
+          } else if (LOSS == MULTINOMIAL) {
+            float z[NOUT];
+            float zmax = -3.0e38f;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) {
+              z[o] = a[o] + (fit_intercept ? b[o] : 0.f);
+              zmax = fmaxf(zmax, z[o]);
+            }
+            float se = 0.f;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) se += expf(z[o] - zmax);
+            const float lse = zmax + logf(se);
+            const int yc = (int)yi;
+            float zy = 0.f;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) {
+              if (o == yc) zy = z[o];
+              const float e = (expf(z[o] - lse) - (o == yc ? 1.f : 0.f)) * scale;
+              a[o] = e;
+              bsum[o] += e;
+            }
+            my_loss += (double)(si * (lse - zy));
+          } else {
+            const float z = a[0] + (fit_intercept ? b[0] : 0.f);
+            float lo, d;
+            loss1<LOSS>(z, yi, lo, d);
+            my_loss += (double)(si * lo);
+            a[0] = d * scale;
+            bsum[0] += d * scale;
+          }
+        }
+        if (fit_intercept) {
+#pragma unroll
+          for (int o = 0; o < NOUT; ++o) {
+            float v = bsum[o];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(CUWIDE_FULL_MASK, v, off);
+            if (lane == 0 && v != 0.f) atomicAdd(&bgrad[o], v);
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---------------- apply, hot tile: replicated shared accumulators ----------------
+      {
+        float* hg = hgrad + (long long)(warp % n_rep) * hsize;
+        for (long long base = t0; base < t1; base += ng) {
+          const long long i = base + gid;
+          const bool active = i < t1;
+          int f = -1;
+          float c[MODEL == FM ? KPL + 1 : NOUT];
+          if (MODEL == FM) {
+#pragma unroll
+            for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
+            if (active) {
+              f = feat[i];
+              const int r = row[i];
+              const float x = val[i];
+              const float ex = acc[r * RS + NF] * x;
+#pragma unroll
+              for (int kk = 0; kk < KPL; ++kk) {
+                const int k = gl + kk * G;
+                if (k < NF) c[kk] = ex * (acc[r * RS + k] - hcache[f * HW + k] * x);
+              }
+              c[KPL] = ex;
+            }
+          } else {
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) c[o] = 0.f;
+            if (active) {
+              f = feat[i];
+              const int r = row[i];
+              const float x = val[i];
+#pragma unroll
+              for (int o = 0; o < NOUT; ++o) c[o] = acc[r * RS + o] * x;
+            }
+          }
+          constexpr int NC = MODEL == FM ? KPL + 1 : NOUT;
+          // segmented inclusive scan over the groups of the warp (ids sorted)
+#pragma unroll
+          for (int off = 1; off < ngw; off <<= 1) {
+            const int fo = __shfl_up_sync(CUWIDE_FULL_MASK, f, off * G);
+#pragma unroll
+            for (int q = 0; q < NC; ++q) {
+              const float co = __shfl_up_sync(CUWIDE_FULL_MASK, c[q], off * G);
+              if (gidw >= off && fo == f) c[q] += co;
+            }
+          }
+          const int fnext = __shfl_down_sync(CUWIDE_FULL_MASK, f, G);
+          const bool tail = (gidw == ngw - 1) || fnext != f;
+          if (active && tail) {
+            if (MODEL == FM) {
+#pragma unroll
+              for (int kk = 0; kk < KPL; ++kk) {
+                const int k = gl + kk * G;
+                if (k < NF) atomicAdd(&hg[f * HW + k], c[kk]);
+              }
+              if (gl == 0) atomicAdd(&hg[f * HW + NF], c[KPL]);
+            } else {
+#pragma unroll
+              for (int o = 0; o < NOUT; ++o) atomicAdd(&hg[f * NOUT + o], c[o]);
+            }
+          }
+        }
+      }
+
+      // ---------------- apply, cold tile: one group per feature segment ----------------
+      for (long long base = t1; base < t2; base += bd) {
+        const long long i = base + tid;
+        const bool head = i < t2 && (i == t1 || feat[i] != feat[i - 1]);
+        const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
+        const int wpos = __popc(bal & ((1u << lane) - 1u));
+        if (lane == 0) wcount[warp] = __popc(bal);
+        __syncthreads();
+        if (warp == 0) {
+          const int v = lane < n_warps ? wcount[lane] : 0;
+          int incl = v;
+#pragma unroll
+          for (int off = 1; off < 32; off <<= 1) {
+            const int o = __shfl_up_sync(CUWIDE_FULL_MASK, incl, off);
+            if (lane >= off) incl += o;
+          }
+          if (lane < n_warps) wcount[lane] = incl - v;
+          if (lane == 31) wcount[32] = incl;
+        }
+        __syncthreads();
+        if (head) heads[wcount[warp] + wpos] = (int)(i - base);
+        __syncthreads();
+        const int nh = wcount[32];
+        for (int j = gid; j < nh; j += ng) {
+          const long long p = base + heads[j];
+          const int f = feat[p];
+          if (MODEL == FM) {
+            float vk[KPL], gk[KPL];
+            float gwv = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              vk[kk] = k < NF ? V[(long long)f * NF + k] : 0.f;
+              gk[kk] = 0.f;
+            }
+            for (long long q = p; q < t2 && feat[q] == f; ++q) {
+              const int r = row[q];
+              const float x = val[q];
+              const float ex = acc[r * RS + NF] * x;
+              gwv += ex;
+#pragma unroll
+              for (int kk = 0; kk < KPL; ++kk) {
+                const int k = gl + kk * G;
+                if (k < NF) gk[kk] += ex * (acc[r * RS + k] - vk[kk] * x);
+              }
+            }
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              if (k < NF) {
+                const long long pi = (long long)f * NF + k;
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f);
+              }
+            }
+            if (gl == 0 && fit_linear)
+              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w[f], lr, eps, l1);
+          } else {
+            float gs[NOUT];
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) gs[o] = 0.f;
+            for (long long q = p; q < t2 && feat[q] == f; ++q) {
+              const int r = row[q];
+              const float x = val[q];
+#pragma unroll
+              for (int o = 0; o < NOUT; ++o) gs[o] += acc[r * RS + o] * x;
+            }
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) {
+              const long long pi = (long long)f * NOUT + o;
+              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w[pi], lr, eps, l1);
+            }
+          }
+        }
+        __syncthreads();
+      }
+
+      // ---------------- flush the hot accumulators; intercept ----------------
+      for (long long i = tid; i < hsize; i += bd) {
+        const int f = (int)(i / HW);
+        if (!touched[f]) continue;
+        const int j = (int)(i - (long long)f * HW);
+        float gsum = 0.f;
+        for (int rp = 0; rp < n_rep; ++rp) {
+          gsum += hgrad[rp * hsize + i];
+          hgrad[rp * hsize + i] = 0.f;
+        }
+        if (MODEL == FM) {
+          if (j < NF) {
+            const long long pi = (long long)f * NF + j;
+            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f);
+          } else if (fit_linear) {
+            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1);
+          }
+        } else {
+          const long long pi = (long long)f * NOUT + j;
+          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1);
+        }
+      }
+      if (fit_intercept && tid < NOUT)
+        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f);
+      __syncthreads();
+      for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
+      // the next sample block's init only writes acc/hcache/bgrad, none of
+      // which is read after the barrier above
+    }
+  }
+  // one double atomic per warp for the loss
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);
+  if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
+}
+
+#ifdef CUWIDE_NVCC_CHECK
+// explicit instantiations so that `nvcc -DCUWIDE_NVCC_CHECK -c` checks the code
+template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(
+    const int*, const unsigned short*, const float*, long long, const long long*,
+    const long long*, const long long*, const int*, int, int*, const float*, const float*,
+    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
+    float, float, float, float, float, int, int, double*);
+template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(
+    const int*, const unsigned short*, const float*, long long, const long long*,
+    const long long*, const long long*, const int*, int, int*, const float*, const float*,
+    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
+    float, float, float, float, float, int, int, double*);
+template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(
+    const int*, const unsigned short*, const float*, long long, const long long*,
+    const long long*, const long long*, const int*, int, int*, const float*, const float*,
+    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
+    float, float, float, float, float, int, int, double*);
+template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(
+    const int*, const unsigned short*, const float*, long long, const long long*,
+    const long long*, const long long*, const int*, int, int*, const float*, const float*,
+    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
+    float, float, float, float, float, int, int, double*);
+#endif

@@ -1,0 +1,428 @@
+"""CUDA backend: the cuWide kernels of ``cuda/`` through CuPy.
+
+The only module of the package that imports cupy.  It has the same
+functions as :mod:`._cpu`; the solver functions call them without knowing
+which backend they got.
+
+Data movement.  :func:`put_layout` copies the small index arrays of a
+:class:`~sklearn_cuwide._layout.TileLayout` to the device at once and leaves
+the nonzeros (``feat``, ``row``, ``val``: nearly all the bytes) on the host.
+They stream in during the first epoch: the mini-batches are cut into chunks,
+and while the kernel trains on chunk ``c`` the next chunk is staged in pinned
+host memory and copied on a second stream (events order the two).  If the
+layout fits the device-memory budget, the chunks are copied into resident
+device arrays and later epochs run from device memory; if not, every epoch
+streams the chunks through two device buffers.
+"""
+
+import math
+
+import cupy as cp
+import cupyx.scipy.sparse as cpsp
+import numpy as np
+import scipy.sparse as sp
+
+from .._kernels import get_kernel, kernel_name
+from .._state import ModelState
+from . import _tiles
+
+name = "cuda"
+xp = cp
+
+_MODEL = {"linear": "cuwide::LINEAR", "fm": "cuwide::FM"}
+_LOSS = {
+    "logistic": "cuwide::LOGISTIC",
+    "multinomial": "cuwide::MULTINOMIAL",
+    "squared": "cuwide::SQUARED",
+}
+_SOLVER = {"sgd": "cuwide::SGD", "adagrad": "cuwide::ADAGRAD"}
+_CTYPE = {
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+}
+_NULL = np.uint64(0)
+_device_id = 0
+
+
+def use_device(i):
+    global _device_id
+    _device_id = int(i)
+    cp.cuda.Device(_device_id).use()
+
+
+def device_name():
+    props = cp.cuda.runtime.getDeviceProperties(_device_id)
+    n = props["name"]
+    return n.decode() if isinstance(n, bytes) else str(n)
+
+
+def _props():
+    return cp.cuda.runtime.getDeviceProperties(_device_id)
+
+
+def tile_shape(params, n_outputs, n_factors, batch_size):
+    """Sample-block rows and most hot features, from this device's shared memory."""
+    per_sm = _props()["sharedMemPerMultiprocessor"]
+    return _tiles.tile_shape(per_sm, params, n_outputs, n_factors, batch_size)
+
+
+# --------------------------------------------------------------------------
+# data movement
+# --------------------------------------------------------------------------
+def to_device(a):
+    return cp.asarray(a)
+
+
+def to_host(a):
+    if isinstance(a, cp.ndarray):
+        return cp.asnumpy(a)
+    return np.asarray(a)
+
+
+def synchronize():
+    cp.cuda.get_current_stream().synchronize()
+
+
+def put_csr(X, dtype=None):
+    """A canonical cupyx CSR matrix on the device (no host round trip for cupy input)."""
+    if cpsp.issparse(X):
+        X = X.tocsr()
+    elif isinstance(X, cp.ndarray):
+        X = cpsp.csr_matrix(X)
+    else:
+        X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(np.asarray(X))
+        if not X.has_canonical_format:
+            X = X.copy()
+            X.sum_duplicates()
+        X = cpsp.csr_matrix(X)
+    if dtype is not None and X.dtype != dtype:
+        X = X.astype(dtype)
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    return X
+
+
+def put_state(state):
+    out = ModelState(w=None, b=None)
+    for k, a in state.arrays().items():
+        setattr(out, k, cp.ascontiguousarray(cp.asarray(a)))
+    out.extra = dict(state.extra)
+    return out
+
+
+def get_state(state):
+    out = ModelState(w=None, b=None)
+    for k, a in state.arrays().items():
+        setattr(out, k, cp.asnumpy(a))
+    out.extra = dict(state.extra)
+    return out
+
+
+def free_memory():
+    """Bytes the device has free (cupy's pool included)."""
+    free, _ = cp.cuda.runtime.memGetInfo()
+    pool = cp.get_default_memory_pool()
+    return int(free + pool.free_bytes())
+
+
+class DeviceLayout:
+    """A TileLayout whose index arrays are on the device; nonzeros stream in.
+
+    Parameters
+    ----------
+    layout : TileLayout (host)
+    memory_budget : int or None
+        Device bytes the nonzeros may take; ``None``: 80% of what is free.
+    chunk_bytes : int
+        Bytes of nonzeros per streamed chunk.
+    """
+
+    def __init__(self, layout, memory_budget=None, chunk_bytes=64 << 20):
+        self.host = layout
+        self.n_hot = layout.n_hot
+        self.sample_block = layout.sample_block
+        self.n_batches = layout.n_batches
+        self.n_rows = layout.n_rows
+        self.tile_ptr = cp.asarray(layout.tile_ptr)
+        self.sblock_row_ptr = cp.asarray(layout.sblock_row_ptr)
+        self.batch_sblock_ptr = cp.asarray(layout.batch_sblock_ptr)
+        self.bytes_per_nnz = (
+            layout.feat.itemsize + layout.row.itemsize + layout.val.itemsize
+        )
+        nnz_bytes = layout.nnz * self.bytes_per_nnz
+        if memory_budget is None:
+            memory_budget = int(0.8 * free_memory())
+        self.resident = nnz_bytes <= memory_budget
+        # chunks: contiguous runs of mini-batches of about chunk_bytes
+        bstart = layout.tile_ptr[2 * layout.batch_sblock_ptr]  # nnz start per batch
+        per_chunk = max(1, int(chunk_bytes // self.bytes_per_nnz))
+        bounds = [0]
+        if layout.n_batches:
+            targets = np.arange(per_chunk, layout.nnz, per_chunk)
+            cut = np.unique(np.searchsorted(bstart[:-1], targets, side="left"))
+            bounds += [int(c) for c in cut if 0 < c < layout.n_batches]
+            bounds.append(layout.n_batches)
+        self.chunks = list(zip(bounds[:-1], bounds[1:]))
+        self.chunk_nnz = [
+            (int(bstart[a]), int(bstart[b])) for a, b in self.chunks
+        ]
+        self.max_chunk = max((b - a for a, b in self.chunk_nnz), default=0)
+        self.uploaded = False
+        if self.resident:
+            self.feat = cp.empty(layout.nnz, dtype=layout.feat.dtype)
+            self.row = cp.empty(layout.nnz, dtype=layout.row.dtype)
+            self.val = cp.empty(layout.nnz, dtype=layout.val.dtype)
+        else:
+            self.buffers = [
+                tuple(
+                    cp.empty(max(self.max_chunk, 1), dtype=a.dtype)
+                    for a in (layout.feat, layout.row, layout.val)
+                )
+                for _ in range(2)
+            ]
+        self._pinned = None
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+
+    @property
+    def nbytes(self):
+        """Device bytes this layout holds."""
+        small = self.tile_ptr.nbytes + self.sblock_row_ptr.nbytes
+        small += self.batch_sblock_ptr.nbytes
+        if self.resident:
+            return small + self.host.nnz * self.bytes_per_nnz
+        return small + 2 * self.max_chunk * self.bytes_per_nnz
+
+    def _pinned_buffers(self):
+        if self._pinned is None:
+            h = self.host
+            self._pinned = []
+            for _ in range(2):
+                bufs = []
+                for a in (h.feat, h.row, h.val):
+                    n = max(self.max_chunk, 1)
+                    mem = cp.cuda.alloc_pinned_memory(n * a.itemsize)
+                    bufs.append(np.frombuffer(mem, dtype=a.dtype, count=n))
+                self._pinned.append(bufs)
+            self._pinned_events = [None, None]
+        return self._pinned
+
+    def _stage(self, k, slot, wait_for):
+        """Copy chunk ``k`` host -> pinned buffer ``slot`` -> device, async.
+
+        ``wait_for``: an event the device copy must wait for (the kernel
+        that last read the device buffer of this slot), or None.
+        """
+        pinned = self._pinned_buffers()
+        h = self.host
+        a, b = self.chunk_nnz[k]
+        ev_prev = self._pinned_events[slot]
+        if ev_prev is not None:
+            ev_prev.synchronize()  # the copy that last read this pinned buffer is done
+        pb = pinned[slot]
+        for src, dst in zip((h.feat, h.row, h.val), pb):
+            dst[: b - a] = src[a:b]
+        if self.resident:
+            targets = (self.feat[a:b], self.row[a:b], self.val[a:b])
+            arrays, base = (self.feat, self.row, self.val), 0
+        else:
+            targets = tuple(buf[: b - a] for buf in self.buffers[slot])
+            arrays, base = self.buffers[slot], a
+        if wait_for is not None:
+            self.copy_stream.wait_event(wait_for)
+        for src, dst in zip(pb, targets):
+            dst.set(src[: b - a], stream=self.copy_stream)
+        ev = self.copy_stream.record()
+        self._pinned_events[slot] = ev
+        return ev, arrays, base
+
+    def stream_chunks(self, order_chunks, compute_stream):
+        """Yield ``(chunk, (feat, row, val), nnz_base)`` for each chunk, after
+        making ``compute_stream`` wait for its copy.  The caller launches the
+        chunk's kernel; the next chunk's copy is then issued, so it overlaps
+        that kernel."""
+        kernel_done = [None, None]  # per slot: event after the last kernel on it
+        staged = self._stage(order_chunks[0], 0, None) if order_chunks else None
+        for n, k in enumerate(order_chunks):
+            ev, arrays, base = staged
+            compute_stream.wait_event(ev)
+            yield k, arrays, base
+            kernel_done[n % 2] = compute_stream.record()
+            if n + 1 < len(order_chunks):
+                slot = (n + 1) % 2
+                wait = None if self.resident else kernel_done[slot]
+                staged = self._stage(order_chunks[n + 1], slot, wait)
+        if self.resident:
+            self.uploaded = True
+
+
+def put_layout(layout, memory_budget=None, chunk_bytes=64 << 20):
+    return DeviceLayout(layout, memory_budget=memory_budget, chunk_bytes=chunk_bytes)
+
+
+# --------------------------------------------------------------------------
+# training
+# --------------------------------------------------------------------------
+def _n_factors(state):
+    return 0 if state.V is None else int(state.V.shape[1])
+
+
+def train_kernel(params, n_outputs, n_factors):
+    model = params.model
+    expr = kernel_name(
+        "cuwide_train",
+        _MODEL[model],
+        1 if model == "fm" else int(n_outputs),
+        int(n_factors) if model == "fm" else 0,
+        _SOLVER[params.solver],
+        _LOSS[params.loss],
+    )
+    return get_kernel("cuwide_train.cu", expr)
+
+
+def run_epoch(
+    dl,
+    y,
+    sw,
+    batch_weight,
+    state,
+    params,
+    batch_order,
+    *,
+    deterministic=False,
+    n_rep=None,
+    acc_global=False,
+    grid=None,
+    rng=None,
+):
+    """One pass over the mini-batches with the flow-based kernel.
+
+    ``deterministic=True`` runs one thread block that applies the
+    mini-batches strictly in ``batch_order`` (the CPU backend's semantics);
+    otherwise every multiprocessor takes mini-batches concurrently
+    (Hogwild, lock-free atomic updates).  ``n_rep`` and ``acc_global`` are
+    the ablation switches (replicas of the hot accumulators; per-sample
+    accumulators in global memory instead of shared memory).
+    Returns the sum of ``sample_weight * loss`` (a float; one sync).
+    """
+    D = state.n_outputs
+    k = _n_factors(state)
+    kern = train_kernel(params, D, k)
+    rs = _tiles.row_stride(params, D, k)
+    hw = _tiles.hot_width(params, D, k)
+    rep = _tiles.replicas(params, D, k) if n_rep is None else int(n_rep)
+    sb = dl.sample_block
+    smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
+    if smem > kern.max_dynamic_shared_size_bytes:
+        kern.max_dynamic_shared_size_bytes = smem
+    props = _props()
+    if grid is None:
+        grid = 1 if deterministic else props["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
+    bw = cp.asarray(np.asarray(batch_weight, dtype=np.float32))
+    loss = cp.zeros(1, dtype=cp.float64)
+    acc_buf = cp.empty(grid * sb * rs, dtype=cp.float32) if acc_global else None
+    null = _NULL
+    V = state.V if state.V is not None else null
+    gV = state.gV if state.gV is not None else null
+    gw = state.gw if state.gw is not None else null
+    gb = state.gb if state.gb is not None else null
+    stream = cp.cuda.get_current_stream()
+    batch_order = np.asarray(batch_order, dtype=np.int64)
+
+    def launch(order_np, arrays, base):
+        n_work = int(order_np.size)
+        if n_work == 0:
+            return
+        order = cp.asarray(order_np.astype(np.int32))
+        counter = null if deterministic else cp.zeros(1, dtype=cp.int32)
+        g = min(grid, n_work)
+        feat, row, val = arrays
+        kern(
+            (g,),
+            (_tiles.THREADS,),
+            (
+                feat, row, val, np.int64(base),
+                dl.tile_ptr, dl.sblock_row_ptr, dl.batch_sblock_ptr,
+                order, np.int32(n_work), counter,
+                y, sw, bw,
+                state.w, V, state.b, gw, gV, gb,
+                np.int32(sb), np.int32(dl.n_hot), np.int32(rep),
+                acc_buf if acc_buf is not None else null,
+                np.float32(params.learning_rate), np.float32(params.l2_w),
+                np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
+                np.int32(params.fit_intercept), np.int32(params.fit_linear),
+                loss,
+            ),
+            shared_mem=smem,
+        )
+
+    if dl.resident and dl.uploaded:
+        launch(batch_order, (dl.feat, dl.row, dl.val), 0)
+    else:
+        # stream the chunks: keep batch_order's relative order inside each
+        # chunk, visit the chunks in the order their first batch appears
+        chunk_of = np.empty(dl.n_batches, dtype=np.int64)
+        for c, (a, b) in enumerate(dl.chunks):
+            chunk_of[a:b] = c
+        ch = chunk_of[batch_order]
+        first = {}
+        for c in ch.tolist():
+            first.setdefault(c, len(first))
+        order_chunks = sorted(first, key=first.get)
+        for c, arrays, base in dl.stream_chunks(order_chunks, stream):
+            launch(batch_order[ch == c], arrays, base)
+    return float(loss.get()[0])
+
+
+# --------------------------------------------------------------------------
+# prediction and full-batch products
+# --------------------------------------------------------------------------
+def decision_function(X, w, b, V=None, fit_linear=True):
+    """Decision values (n_samples, n_outputs), float64 cupy array."""
+    X = put_csr(X)
+    if X.dtype not in (np.float32, np.float64):
+        X = X.astype(np.float32)
+    w = cp.ascontiguousarray(cp.asarray(w, dtype=cp.float32))
+    b = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32).reshape(-1))
+    D = int(w.shape[1])
+    n = X.shape[0]
+    out = cp.empty((n, D), dtype=cp.float32)
+    if n == 0:
+        return out.astype(cp.float64)
+    model = "cuwide::FM" if V is not None else "cuwide::LINEAR"
+    k = 0 if V is None else int(V.shape[1])
+    Vd = (
+        _NULL
+        if V is None
+        else cp.ascontiguousarray(cp.asarray(V, dtype=cp.float32))
+    )
+    expr = kernel_name(
+        "cuwide_predict",
+        _CTYPE[np.dtype(X.indptr.dtype)],
+        _CTYPE[np.dtype(X.indices.dtype)],
+        _CTYPE[np.dtype(X.data.dtype)],
+        model,
+        1 if V is not None else D,
+        k,
+    )
+    kern = get_kernel("cuwide_predict.cu", expr)
+    threads = 256
+    blocks = min(int(math.ceil(n * 32 / threads)), 65535 * 8)
+    kern(
+        (blocks,),
+        (threads,),
+        (X.indptr, X.indices, X.data, np.int64(n), w, Vd, b, np.int32(fit_linear), out),
+    )
+    return out.astype(cp.float64)
+
+
+def matmul(X, W):
+    """X @ W for a device CSR X and a dense W (cuSPARSE)."""
+    return X @ W.astype(X.dtype, copy=False)
+
+
+def rmatmul(X, E):
+    """X.T @ E for a device CSR X and a dense E (cuSPARSE)."""
+    return X.T @ E.astype(X.dtype, copy=False)

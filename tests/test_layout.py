@@ -1,0 +1,110 @@
+"""The tiled, feature-major layout: exact round trips and its invariants."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide._layout import build_layout, frequency_ranking, layout_to_csr
+
+
+def _canonical(X):
+    X = sp.csr_matrix(X, copy=True)
+    X.sum_duplicates()
+    X.sort_indices()
+    return X
+
+
+def _check_invariants(L):
+    # every tile is sorted by (feature, row); hot ids < n_hot <= cold ids
+    for g in range(L.n_sblocks):
+        a, h, b = L.tile_ptr[2 * g : 2 * g + 3]
+        m = L.sblock_row_ptr[g + 1] - L.sblock_row_ptr[g]
+        assert m <= L.sample_block
+        f, r = L.feat[a:b].astype(np.int64), L.row[a:b].astype(np.int64)
+        assert np.all(r < m)
+        key = f * L.sample_block + r
+        assert np.all(np.diff(key) > 0)  # sorted, no duplicates
+        assert np.all(L.feat[a:h] < L.n_hot) and np.all(L.feat[h:b] >= L.n_hot)
+    # batches: consecutive rows, batch_size each but the last
+    starts = L.sblock_row_ptr[L.batch_sblock_ptr]
+    assert np.all(np.diff(starts)[:-1] == L.batch_size)
+    # features renumbered by descending frequency
+    counts_new = L.feature_counts[L.feature_order]
+    assert np.all(np.diff(counts_new) <= 0)
+    np.testing.assert_array_equal(L.feature_rank[L.feature_order], np.arange(L.n_features))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size,sample_block", [(7, 3), (64, 64), (100, 33), (5000, 1000)])
+def test_round_trip_random(shuffle, batch_size, sample_block):
+    rng = np.random.default_rng()
+    X = sp.random(503, 211, density=0.05, format="lil", random_state=rng, dtype=np.float32)
+    X[:, 3] = 1.0  # one feature everywhere
+    X = X.tocsr()
+    L = build_layout(
+        X, batch_size=batch_size, sample_block=sample_block, n_hot_max=10,
+        shuffle=shuffle, random_state=0,
+    )
+    _check_invariants(L)
+    assert (L.feat < L.n_hot).any()
+    Y = layout_to_csr(L)
+    assert (Y != _canonical(X)).nnz == 0
+    np.testing.assert_array_equal(Y.toarray(), X.toarray())
+
+
+def test_empty_rows_columns_single_row():
+    X = sp.csr_matrix(np.array([[0, 0, 0], [1.5, 0, 2.0], [0, 0, 0]], dtype=np.float32))
+    L = build_layout(X, batch_size=2)
+    _check_invariants(L)
+    np.testing.assert_array_equal(layout_to_csr(L).toarray(), X.toarray())
+    one = sp.csr_matrix(np.array([[0, 3.0, 0, 1.0]], dtype=np.float32))
+    L1 = build_layout(one, batch_size=8, n_hot_max=4)
+    assert L1.n_batches == 1 and L1.n_sblocks == 1
+    np.testing.assert_array_equal(layout_to_csr(L1).toarray(), one.toarray())
+    empty = sp.csr_matrix((4, 5), dtype=np.float32)
+    Le = build_layout(empty, batch_size=3)
+    assert Le.nnz == 0 and Le.n_batches == 2
+
+
+def test_duplicates_unsorted_int64_not_modified():
+    rng = np.random.default_rng()
+    n, d = 50, 20
+    rows = rng.integers(0, n, 400)
+    cols = rng.integers(0, d, 400)
+    vals = rng.normal(size=400).astype(np.float32)
+    X = sp.coo_matrix((vals, (rows, cols)), shape=(n, d)).tocsr()  # has duplicates? no: coo->csr sums
+    # build a CSR with duplicates and unsorted indices by hand
+    order = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))]).astype(np.int64)
+    Xd = sp.csr_matrix((vals[order], cols[order], indptr), shape=(n, d))
+    Xd.indices = cols[order].astype(np.int64)  # scipy would pick int32
+    Xd.indptr = indptr
+    assert not Xd.has_canonical_format
+    assert Xd.indices.dtype == np.int64
+    snapshot = (Xd.data.copy(), Xd.indices.copy(), Xd.indptr.copy())
+    L = build_layout(Xd, batch_size=16, sample_block=8, n_hot_max=5, shuffle=True, random_state=3)
+    _check_invariants(L)
+    np.testing.assert_allclose(layout_to_csr(L).toarray(), X.toarray(), rtol=1e-6, atol=1e-6)
+    for a, b in zip(snapshot, (Xd.data, Xd.indices, Xd.indptr)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_frequency_ranking_ties_stable():
+    counts, order, rank = frequency_ranking(np.array([2, 2, 0, 1, 1, 3]), 5)
+    np.testing.assert_array_equal(counts, [1, 2, 2, 1, 0])
+    np.testing.assert_array_equal(order, [1, 2, 0, 3, 4])
+    np.testing.assert_array_equal(rank[order], np.arange(5))
+
+
+def test_hot_threshold():
+    A = np.ones((40, 3), dtype=np.float32)
+    A[1:, 2] = 0
+    X = sp.csr_matrix(A)
+    L = build_layout(X, batch_size=10, n_hot_max=3)
+    # features 0 and 1 appear 10 times per block, feature 2 once in total
+    assert L.n_hot == 2
+
+
+def test_bad_batch_size():
+    with pytest.raises(ValueError, match="batch_size"):
+        build_layout(sp.csr_matrix((3, 3)), batch_size=0)
