@@ -379,41 +379,63 @@ def run_epoch(
 # --------------------------------------------------------------------------
 # prediction and full-batch products
 # --------------------------------------------------------------------------
-def decision_function(X, w, b, V=None, fit_linear=True):
-    """Decision values (n_samples, n_outputs), float64 cupy array."""
-    X = put_csr(X)
-    if X.dtype not in (np.float32, np.float64):
-        X = X.astype(np.float32)
+def _csr_arrays(X):
+    """(indptr, indices, data, shape) of a canonical CSR on the device.
+
+    scipy input keeps its index dtype (int64 indices beyond 2**31 nonzeros
+    work: the predict kernel is templated on it); cupy input is used in place.
+    """
+    if cpsp.issparse(X):
+        X = X.tocsr()
+        if not X.has_canonical_format:
+            X = X.copy()
+            X.sum_duplicates()
+        return X.indptr, X.indices, X.data, X.shape
+    if isinstance(X, cp.ndarray):
+        return _csr_arrays(cpsp.csr_matrix(X))
+    X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(np.asarray(X))
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    return cp.asarray(X.indptr), cp.asarray(X.indices), cp.asarray(X.data), X.shape
+
+
+def decision_function(X, w, b, V=None, fit_linear=True, out=None):
+    """Decision values (n_samples, n_outputs), float64 cupy array.
+
+    ``out``: optional float32 (n_samples, n_outputs) device array the kernel
+    writes (the tests poison it first); the float64 result is a copy.
+    """
+    indptr, indices, data, shape = _csr_arrays(X)
+    if data.dtype not in (np.float32, np.float64):
+        data = data.astype(cp.float32)
     w = cp.ascontiguousarray(cp.asarray(w, dtype=cp.float32))
     b = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32).reshape(-1))
     D = int(w.shape[1])
-    n = X.shape[0]
-    out = cp.empty((n, D), dtype=cp.float32)
+    n = int(shape[0])
+    if out is None:
+        out = cp.empty((n, D), dtype=cp.float32)
     if n == 0:
         return out.astype(cp.float64)
     model = "cuwide::FM" if V is not None else "cuwide::LINEAR"
     k = 0 if V is None else int(V.shape[1])
-    Vd = (
-        _NULL
-        if V is None
-        else cp.ascontiguousarray(cp.asarray(V, dtype=cp.float32))
-    )
+    Vd = _NULL if V is None else cp.ascontiguousarray(cp.asarray(V, dtype=cp.float32))
     expr = kernel_name(
         "cuwide_predict",
-        _CTYPE[np.dtype(X.indptr.dtype)],
-        _CTYPE[np.dtype(X.indices.dtype)],
-        _CTYPE[np.dtype(X.data.dtype)],
+        _CTYPE[np.dtype(indptr.dtype)],
+        _CTYPE[np.dtype(indices.dtype)],
+        _CTYPE[np.dtype(data.dtype)],
         model,
         1 if V is not None else D,
         k,
     )
     kern = get_kernel("cuwide_predict.cu", expr)
     threads = 256
-    blocks = min(int(math.ceil(n * 32 / threads)), 65535 * 8)
+    blocks = max(1, min(int(math.ceil(n * 32 / threads)), 65535 * 8))
     kern(
         (blocks,),
         (threads,),
-        (X.indptr, X.indices, X.data, np.int64(n), w, Vd, b, np.int32(fit_linear), out),
+        (indptr, indices, data, np.int64(n), w, Vd, b, np.int32(fit_linear), out),
     )
     return out.astype(cp.float64)
 

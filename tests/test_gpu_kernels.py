@@ -1,0 +1,191 @@
+"""CUDA kernels against the float64 reference and the CPU backend (marker gpu).
+
+Fresh random inputs every run; sizes that do not divide the tiles; empty rows
+and columns; one feature present in every row; n_factors 1 to 128.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide._device import cuda_device_count
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU"),
+]
+
+from sklearn_cuwide._backends import _cpu  # noqa: E402
+from sklearn_cuwide._layout import build_layout  # noqa: E402
+from sklearn_cuwide._solvers import batch_weights, fit_lbfgs_linear  # noqa: E402
+
+from ._cases import CONFIGS, make_case, random_problem  # noqa: E402
+from ._reference import reference_epoch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    from sklearn_cuwide._backends import get_backend
+
+    return get_backend("cuda:0")
+
+
+def _run_gpu(cuda, layout, y, sw, state, params, order, put_kw=None, **kw):
+    import cupy as cp
+
+    ro = layout.row_order
+    dl = cuda.put_layout(layout, **(put_kw or {}))
+    st = cuda.put_state(state.permute_features(layout.feature_order))
+    loss = cuda.run_epoch(
+        dl,
+        cp.asarray(y[ro].astype(np.float32)),
+        cp.asarray(sw[ro].astype(np.float32)),
+        batch_weights(layout, sw[ro]),
+        st,
+        params,
+        order,
+        **kw,
+    )
+    return loss, cuda.get_state(st).permute_features(layout.feature_rank), dl
+
+
+def _compare(loss, out, ref_loss, ref, rtol=2e-3, atol=2e-5):
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+    for k, v in out.arrays().items():
+        assert np.isfinite(v).all(), k
+        np.testing.assert_allclose(v, ref[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_epoch_matches_reference(cuda, cfg):
+    rng = np.random.default_rng()
+    X, y, sw, layout, state, params = make_case(rng, cfg)
+    order = rng.permutation(layout.n_batches)
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True)
+    _compare(loss, out, ref_loss, ref)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "switch",
+    ["stream", "no_hot", "no_replicas", "acc_global", "device_tiles"],
+)
+def test_switches_match_reference(cuda, cfg, switch):
+    """Streaming through two buffers and each ablation switch compute the same."""
+    rng = np.random.default_rng()
+    kw, put_kw, case_kw = {}, None, {}
+    if switch == "stream":
+        put_kw = dict(memory_budget=0, chunk_bytes=4096)
+    elif switch == "no_hot":
+        case_kw = dict(n_hot_max=0)
+    elif switch == "no_replicas":
+        kw = dict(n_rep=1)
+    elif switch == "acc_global":
+        kw = dict(acc_global=True)
+    elif switch == "device_tiles":
+        sb, nh = cuda.tile_shape(make_case(rng, cfg)[5], cfg[2], cfg[3], 256)
+        case_kw = dict(batch_size=256, sample_block=sb, n_hot_max=nh)
+    X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
+    if switch == "no_hot":
+        assert layout.n_hot == 0
+    order = rng.permutation(layout.n_batches)
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    loss, out, dl = _run_gpu(
+        cuda, layout, y, sw, state, params, order, put_kw=put_kw, deterministic=True, **kw
+    )
+    if switch == "stream":
+        assert not dl.resident and len(dl.chunks) > 3
+    _compare(loss, out, ref_loss, ref)
+
+
+def test_resident_second_epoch_and_hogwild(cuda):
+    """After the streamed first epoch the layout is resident; the concurrent
+    (Hogwild) mode trains to about the same loss as the sequential one."""
+    rng = np.random.default_rng()
+    cfg = CONFIGS[4]
+    X, y, sw, layout, state, params = make_case(rng, cfg, n=20011, d=2003, density=0.005)
+    order = rng.permutation(layout.n_batches)
+    losses = {}
+    for det in (True, False):
+        import cupy as cp
+
+        ro = layout.row_order
+        dl = cuda.put_layout(layout, chunk_bytes=8192)
+        st = cuda.put_state(state.permute_features(layout.feature_order))
+        args = (cp.asarray(y[ro].astype(np.float32)), cp.asarray(sw[ro].astype(np.float32)),
+                batch_weights(layout, sw[ro]))
+        ls = []
+        for _ in range(3):
+            ls.append(cuda.run_epoch(dl, *args, st, params, order, deterministic=det))
+        assert dl.resident and dl.uploaded
+        losses[det] = ls
+    assert np.isfinite(losses[False]).all()
+    assert losses[False][-1] < losses[False][0]
+    np.testing.assert_allclose(losses[False][-1], losses[True][-1], rtol=0.05)
+
+
+@pytest.mark.parametrize("idx", [np.int32, np.int64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("model", ["lr1", "lr3", "fm1", "fm8", "fm16", "fm64", "fm128"])
+def test_predict_kernel(cuda, idx, dtype, model):
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    rng = np.random.default_rng()
+    X, _, _ = random_problem(rng, n=1501, d=257)
+    X = X.astype(dtype)
+    d = X.shape[1]
+    D = 3 if model == "lr3" else 1
+    k = int(model[2:]) if model.startswith("fm") else 0
+    w = rng.normal(size=(d, D)).astype(np.float32)
+    b = rng.normal(size=D).astype(np.float32)
+    V = rng.normal(scale=0.3, size=(d, k)).astype(np.float32) if k else None
+    ref = _cpu.decision_function(X, w, b, V)
+    Xh = X.copy()
+    Xh.indices = Xh.indices.astype(idx)  # scipy keeps what it is given
+    Xh.indptr = Xh.indptr.astype(idx)
+    out = cp.full((X.shape[0], D), cp.nan, dtype=cp.float32)  # poisoned
+    got = cp.asnumpy(cuda.decision_function(Xh, w, b, V, out=out))
+    assert np.isfinite(cp.asnumpy(out)).all()  # every element written
+    if idx is np.int32:  # cupyx input, no host round trip
+        got2 = cp.asnumpy(cuda.decision_function(cpsp.csr_matrix(X), w, b, V))
+        np.testing.assert_allclose(got2, got, rtol=1e-6, atol=1e-6)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("loss,D", [("logistic", 1), ("multinomial", 4)])
+def test_lbfgs_gpu_matches_cpu(cuda, loss, D):
+    rng = np.random.default_rng()
+    X, y, sw = random_problem(rng, n=3001, d=401, n_outputs=D, loss=loss)
+    kw = dict(loss=loss, n_outputs=D, C=0.5, fit_intercept=True, max_iter=500, tol=1e-9)
+    c_cpu, i_cpu, _, _ = fit_lbfgs_linear(X, y, sw, backend=_cpu, **kw)
+    c_gpu, i_gpu, _, _ = fit_lbfgs_linear(X, y, sw, backend=cuda, **kw)
+    scale = np.abs(c_cpu).max()
+    np.testing.assert_allclose(c_gpu, c_cpu, rtol=1e-4, atol=1e-4 * scale)
+    np.testing.assert_allclose(i_gpu, i_cpu, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_layout_from_device_tiles_full_fit(cuda):
+    """A multi-epoch fit through fit_minibatch on the GPU lands near the CPU's."""
+    from sklearn_cuwide._solvers import fit_minibatch
+    from sklearn_cuwide._state import ModelState, StepParams
+
+    rng = np.random.default_rng()
+    X, y, sw = random_problem(rng, n=30000, d=1001, density=0.01)
+    params = StepParams(model="fm", loss="logistic", solver="adagrad", learning_rate=0.05)
+    res = {}
+    for name, be, opts in (("cpu", _cpu, None), ("gpu", cuda, {"deterministic": True})):
+        sb, nh = be.tile_shape(params, 1, 8, 512)
+        L = build_layout(X, batch_size=512, sample_block=sb, n_hot_max=nh, shuffle=True, random_state=0)
+        st = ModelState.zeros(X.shape[1], 1, 8, adagrad=True, init_scale=0.01, random_state=0)
+        st, n_iter, curve, _ = fit_minibatch(
+            L, y, sw, st, params, backend=be, max_iter=3, shuffle=True, random_state=0,
+            backend_options=opts,
+        )
+        res[name] = (st, curve)
+    np.testing.assert_allclose(res["gpu"][1], res["cpu"][1], rtol=1e-3)
+    np.testing.assert_allclose(res["gpu"][0].w, res["cpu"][0].w, rtol=1e-2, atol=1e-4)
