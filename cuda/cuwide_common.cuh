@@ -38,9 +38,11 @@ struct OddStride {
 // One sgd/adagrad step on one parameter, with the L1 proximal step fused.
 // Lock-free: the accumulator and the parameter are updated atomically, so
 // concurrent thread blocks (Hogwild) never lose an update.
+// ``scale`` (1 in sequential mode) shrinks the step of a parameter that
+// several thread blocks update concurrently (staleness-aware step).
 template <int SOLVER>
 __device__ __forceinline__ void update_param(float* p, float* G, float g, float lr,
-                                             float eps, float l1) {
+                                             float eps, float l1, float scale = 1.f) {
   float step;
   if (SOLVER == SGD) {
     step = lr;
@@ -49,6 +51,7 @@ __device__ __forceinline__ void update_param(float* p, float* G, float g, float 
     const float acc = atomicAdd(G, gg) + gg;
     step = lr / (sqrtf(acc) + eps);
   }
+  step *= scale;
   const float delta = -step * g;
   if (l1 > 0.f) {
     const float thr = step * l1;

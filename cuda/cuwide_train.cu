@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(512) cuwide_train(
     const float* __restrict__ sw, const float* __restrict__ batch_w, float* w, float* V,
     float* b, float* gw, float* gV, float* gb, int sample_block, int n_hot, int n_rep,
     float* acc_global, float lr, float l2w, float l2v, float l1, float eps,
-    int fit_intercept, int fit_linear, double* loss_out) {
+    int fit_intercept, int fit_linear, const float* __restrict__ fscale, float bscale,
+    int skip, double* loss_out) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(512) cuwide_train(
       __syncthreads();
 
       // ---------------- aggregate: feature -> sample ----------------
-      if (MODEL == LINEAR) {
+      if (skip & 1) {
+      } else if (MODEL == LINEAR) {
         for (long long i = t0 + tid; i < t2; i += bd) {
           const int f = feat[i];
           const int r = row[i];
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
       __syncthreads();
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
-      {
+      if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         for (long long base = t0; base < t1; base += ng) {
           const long long i = base + gid;
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
       }
 
       // ---------------- apply, cold tile: one group per feature segment ----------------
-      for (long long base = t1; base < t2; base += bd) {
+      for (long long base = t1; base < ((skip & 4) ? t1 : t2); base += bd) {
         const long long i = base + tid;
         const bool head = i < t2 && (i == t1 || feat[i] != feat[i - 1]);
         const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
@@ -332,6 +334,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
         for (int j = gid; j < nh; j += ng) {
           const long long p = base + heads[j];
           const int f = feat[p];
+          const float sc = fscale ? fscale[f] : 1.f;
           if (MODEL == FM) {
             float vk[KPL], gk[KPL];
             float gwv = 0.f;
@@ -357,11 +360,11 @@ __global__ void __launch_bounds__(512) cuwide_train(
               const int k = gl + kk * G;
               if (k < NF) {
                 const long long pi = (long long)f * NF + k;
-                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f);
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f, sc);
               }
             }
             if (gl == 0 && fit_linear)
-              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w[f], lr, eps, l1);
+              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w[f], lr, eps, l1, sc);
           } else {
             float gs[NOUT];
 #pragma unroll
@@ -375,7 +378,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w[pi], lr, eps, l1);
+              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w[pi], lr, eps, l1, sc);
             }
           }
         }
@@ -383,7 +386,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
       }
 
       // ---------------- flush the hot accumulators; intercept ----------------
-      for (long long i = tid; i < hsize; i += bd) {
+      for (long long i = tid; i < ((skip & 8) ? 0 : hsize); i += bd) {
         const int f = (int)(i / HW);
         if (!touched[f]) continue;
         const int j = (int)(i - (long long)f * HW);
@@ -392,20 +395,21 @@ __global__ void __launch_bounds__(512) cuwide_train(
           gsum += hgrad[rp * hsize + i];
           hgrad[rp * hsize + i] = 0.f;
         }
+        const float sc = fscale ? fscale[f] : 1.f;
         if (MODEL == FM) {
           if (j < NF) {
             const long long pi = (long long)f * NF + j;
-            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f);
+            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f, sc);
           } else if (fit_linear) {
-            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1);
+            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1, sc);
           }
         } else {
           const long long pi = (long long)f * NOUT + j;
-          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1);
+          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1, sc);
         }
       }
       if (fit_intercept && tid < NOUT)
-        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f);
+        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f, bscale);
       __syncthreads();
       for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
       // the next sample block's init only writes acc/hcache/bgrad, none of
@@ -424,20 +428,20 @@ template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(
     const int*, const unsigned short*, const float*, long long, const long long*,
     const long long*, const long long*, const int*, int, int*, const float*, const float*,
     const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, double*);
+    float, float, float, float, float, int, int, const float*, float, int, double*);
 template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(
     const int*, const unsigned short*, const float*, long long, const long long*,
     const long long*, const long long*, const int*, int, int*, const float*, const float*,
     const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, double*);
+    float, float, float, float, float, int, int, const float*, float, int, double*);
 template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(
     const int*, const unsigned short*, const float*, long long, const long long*,
     const long long*, const long long*, const int*, int, int*, const float*, const float*,
     const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, double*);
+    float, float, float, float, float, int, int, const float*, float, int, double*);
 template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(
     const int*, const unsigned short*, const float*, long long, const long long*,
     const long long*, const long long*, const int*, int, int*, const float*, const float*,
     const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, double*);
+    float, float, float, float, float, int, int, const float*, float, int, double*);
 #endif

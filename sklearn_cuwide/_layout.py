@@ -134,10 +134,34 @@ def frequency_ranking(indices, n_features):
 
 
 def _csr_parts(X):
+    """(shape, indptr, indices, data) of a scipy or cupyx sparse matrix."""
+    mod = type(X).__module__ or ""
+    if mod.startswith("cupyx"):
+        X = X.tocsr()
+        return X.shape, X.indptr, X.indices, X.data
     if not sp.issparse(X):
-        raise TypeError("build_layout expects a scipy sparse matrix")
+        raise TypeError("build_layout expects a scipy (or cupyx) sparse matrix")
     X = X.tocsr() if X.format != "csr" else X
     return X.shape, np.asarray(X.indptr, dtype=np.int64), X.indices, X.data
+
+
+def _gather_rows(xp, indptr, indices, data, users):
+    """The nonzeros of rows ``users`` (in that order): (indptr, indices, data)."""
+    starts = indptr[users]
+    lens = indptr[users + 1] - starts
+    ptr = xp.zeros(users.shape[0] + 1, dtype=xp.int64)
+    xp.cumsum(lens, out=ptr[1:])
+    total = int(ptr[-1])
+    seg = _segment_ids(xp, ptr, total)
+    src = starts[seg] + (xp.arange(total, dtype=xp.int64) - ptr[seg])
+    return ptr, indices[src], data[src]
+
+
+def _segment_ids(xp, ptr, total):
+    """For each of ``total`` positions, the segment of ``ptr`` it falls in."""
+    if xp is np:
+        return np.repeat(np.arange(ptr.shape[0] - 1, dtype=np.int64), np.diff(ptr))
+    return xp.searchsorted(ptr, xp.arange(total, dtype=xp.int64), side="right") - 1
 
 
 def build_layout(
@@ -150,12 +174,14 @@ def build_layout(
     shuffle=False,
     random_state=None,
     dtype=np.float32,
+    xp=None,
+    chunk_nnz=None,
 ):
     """Build the tiled, feature-major training layout of a sparse matrix.
 
     Parameters
     ----------
-    X : scipy sparse matrix of shape (n_rows, n_features)
+    X : scipy (or cupyx) sparse matrix of shape (n_rows, n_features)
         Not modified.  Need not be canonical (unsorted or duplicate indices
         are fine) and may have int64 indices.
     batch_size : int
@@ -172,12 +198,24 @@ def build_layout(
     random_state : None, int or numpy Generator
     dtype : numpy dtype, default=float32
         Dtype of the stored values.
+    xp : array module, default numpy
+        Where the nonzeros are sorted and stored: numpy, or cupy (the layout
+        is then built on the GPU and its ``feat``/``row``/``val`` are device
+        arrays).  The plan (renumbering, row order, blocks) is always
+        computed on the host, so both give the same layout.
+    chunk_nnz : int, default None
+        Sort at most about this many nonzeros at a time (whole mini-batches
+        per chunk); bounds the temporary memory.  ``None``: 2**24 on the
+        host, 2**23 on a GPU.
 
     Returns
     -------
     layout : TileLayout
     """
+    if xp is None:
+        xp = np
     (n_rows, n_features), indptr, indices, data = _csr_parts(X)
+    on_device_input = not isinstance(indptr, np.ndarray)
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -187,17 +225,15 @@ def build_layout(
     if sample_block < 1:
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
 
-    # --- feature renumbering by frequency -------------------------------
-    counts, order, rank = frequency_ranking(indices, n_features)
-
-    # --- rows: permutation, mini-batches, sample blocks ----------------
+    # --- the plan, on the host ------------------------------------------
+    host_indices = indices.get() if on_device_input else indices
+    counts, order, rank = frequency_ranking(host_indices, n_features)
+    del host_indices
     if shuffle and n_rows > 1:
         rng = np.random.default_rng(random_state)
         row_order = rng.permutation(n_rows).astype(np.int64)
     else:
         row_order = np.arange(n_rows, dtype=np.int64)
-    layout_row_of_user = np.empty(n_rows, dtype=np.int64)
-    layout_row_of_user[row_order] = np.arange(n_rows, dtype=np.int64)
 
     n_batches = -(-n_rows // batch_size) if n_rows else 0
     batch_rows = np.full(n_batches, batch_size, dtype=np.int64)
@@ -207,74 +243,118 @@ def build_layout(
     batch_sblock_ptr = np.zeros(n_batches + 1, dtype=np.int64)
     np.cumsum(sblocks_per_batch, out=batch_sblock_ptr[1:])
     n_sblocks = int(batch_sblock_ptr[-1])
-
-    # row start of every sample block
     sb_batch = np.repeat(np.arange(n_batches, dtype=np.int64), sblocks_per_batch)
     sb_in_batch = np.arange(n_sblocks, dtype=np.int64) - batch_sblock_ptr[sb_batch]
     sblock_row_ptr = np.empty(n_sblocks + 1, dtype=np.int64)
     sblock_row_ptr[:-1] = sb_batch * batch_size + sb_in_batch * sample_block
     sblock_row_ptr[-1] = n_rows
     if n_sblocks:
-        # the last sample block of a batch ends at the batch end
         ends = np.minimum(
             sblock_row_ptr[:-1] + sample_block, (sb_batch + 1) * batch_size
         )
         sblock_row_ptr[1:] = np.minimum(ends, n_rows)
 
-    # --- hot features ---------------------------------------------------
     n_hot = 0
     if n_hot_max > 0 and n_sblocks:
         ranked_counts = counts[order]
         n_hot = int(np.count_nonzero(ranked_counts >= hot_min_per_block * n_sblocks))
         n_hot = min(n_hot, int(n_hot_max))
 
-    # --- per-nonzero coordinates ----------------------------------------
-    nnz_row_user = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
-    lrow = layout_row_of_user[nnz_row_user]
-    del nnz_row_user
-    b = lrow // batch_size
-    pos = lrow - b * batch_size
-    g = batch_sblock_ptr[b] + pos // sample_block
-    local = pos % sample_block
-    del b, pos, lrow
-    nf = rank[indices]
+    # --- chunks of whole mini-batches --------------------------------------
+    nnz_total = int(indptr[-1]) if n_rows else 0
+    if chunk_nnz is None:
+        chunk_nnz = 1 << 24 if xp is np else 1 << 23
+    row_len = np.diff(indptr.get() if on_device_input else indptr)[row_order]
+    batch_start_rows = np.arange(n_batches + 1, dtype=np.int64) * batch_size
+    batch_start_rows[-1] = n_rows
+    cum = np.concatenate(([0], np.cumsum(row_len)))
+    batch_nnz_start = cum[batch_start_rows]
+    bounds = [0]
+    if n_batches:
+        targets = np.arange(chunk_nnz, nnz_total, chunk_nnz)
+        cuts = np.unique(np.searchsorted(batch_nnz_start, targets, side="left"))
+        bounds += [int(c) for c in cuts if 0 < c < n_batches]
+        bounds.append(n_batches)
 
-    # sort by (sample block, feature, local row): hot tile then cold tile,
-    # feature-major inside each.
-    if n_sblocks * n_features * sample_block < 2**62:
-        key = (g * n_features + nf) * sample_block + local
-        perm = np.argsort(key, kind="stable")
-        key = key[perm]
-        dup = key[1:] == key[:-1] if key.size else np.zeros(0, bool)
-        del key
-    else:  # pragma: no cover - astronomically large shapes
-        perm = np.lexsort((local, nf, g))
-        gs, nfs, ls = g[perm], nf[perm], local[perm]
-        dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
-    g = g[perm]
-    nf = nf[perm]
-    local = local[perm]
-    vals = np.asarray(data, dtype=dtype)[perm]
-    del perm
+    feat = xp.empty(nnz_total, dtype=xp.int32)
+    row = xp.empty(nnz_total, dtype=xp.uint16)
+    val = xp.empty(nnz_total, dtype=dtype)
+    tile_counts = np.zeros(2 * n_sblocks, dtype=np.int64)
+    rank_x = xp.asarray(rank)
+    bsp_x = xp.asarray(batch_sblock_ptr)
+    src_xp = xp if on_device_input else np
+    pos_out = 0
+    identity = not shuffle
+    for b0, b1 in zip(bounds[:-1], bounds[1:]):
+        r0, r1 = b0 * batch_size, min(n_rows, b1 * batch_size)
+        if identity and r0 == 0 and r1 == n_rows:
+            c_ptr, c_idx, c_val = indptr, indices, data
+        elif identity:
+            a, b = int(indptr[r0]), int(indptr[r1])
+            c_ptr = indptr[r0 : r1 + 1] - indptr[r0]
+            c_idx, c_val = indices[a:b], data[a:b]
+        else:
+            users = src_xp.asarray(row_order[r0:r1])
+            c_ptr, c_idx, c_val = _gather_rows(src_xp, indptr, indices, data, users)
+        c_ptr = xp.asarray(c_ptr, dtype=xp.int64)
+        c_idx = xp.asarray(c_idx)
+        c_val = xp.asarray(c_val)
+        nc = int(c_idx.shape[0])
+        if nc == 0:
+            continue
+        lrow = r0 + _segment_ids(xp, c_ptr, nc)
+        bt = lrow // batch_size
+        pos = lrow - bt * batch_size
+        g = bsp_x[bt] + pos // sample_block
+        local = pos % sample_block
+        del bt, pos, lrow
+        nf = rank_x[c_idx]
+        del c_idx
+        if n_sblocks * n_features * sample_block < 2**62:
+            key = (g * n_features + nf) * sample_block + local
+            perm = xp.argsort(key)
+            key = key[perm]
+            dup = key[1:] == key[:-1]
+            del key
+        else:  # pragma: no cover - astronomically large shapes
+            perm = xp.lexsort(xp.stack((local, nf, g)))
+            gs, nfs, ls = g[perm], nf[perm], local[perm]
+            dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
+        g, nf, local = g[perm], nf[perm], local[perm]
+        vals = c_val.astype(dtype, copy=False)[perm]
+        del perm, c_val
+        if bool(dup.any()):  # duplicate (row, feature) entries are summed
+            keep = xp.concatenate((xp.ones(1, dtype=bool), ~dup))
+            seg = xp.cumsum(keep) - 1
+            vals = xp.bincount(seg, weights=vals.astype(xp.float64)).astype(dtype)
+            starts = xp.flatnonzero(keep)
+            g, nf, local = g[starts], nf[starts], local[starts]
+        del dup
+        m = int(vals.shape[0])
+        feat[pos_out : pos_out + m] = nf
+        row[pos_out : pos_out + m] = local
+        val[pos_out : pos_out + m] = vals
+        tile = 2 * g + (nf >= n_hot)
+        g0 = int(batch_sblock_ptr[b0])
+        g1 = int(batch_sblock_ptr[b1])
+        tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
+        tile_counts[2 * g0 : 2 * g1] = tc.get() if xp is not np else tc
+        pos_out += m
+        del g, nf, local, vals, tile
 
-    if dup.any():  # duplicate (row, feature) entries are summed
-        starts = np.flatnonzero(np.concatenate(([True], ~dup)))
-        vals = np.add.reduceat(vals, starts).astype(dtype, copy=False)
-        g, nf, local = g[starts], nf[starts], local[starts]
-
-    tile = 2 * g + (nf >= n_hot)
     tile_ptr = np.zeros(2 * n_sblocks + 1, dtype=np.int64)
-    np.cumsum(np.bincount(tile, minlength=2 * n_sblocks), out=tile_ptr[1:])
-
+    np.cumsum(tile_counts, out=tile_ptr[1:])
+    if pos_out < nnz_total:  # duplicates were merged
+        feat, row, val = feat[:pos_out], row[:pos_out], val[:pos_out]
     return TileLayout(
         n_rows=int(n_rows),
         n_features=int(n_features),
         batch_size=batch_size,
         sample_block=sample_block,
         n_hot=n_hot,
-        feat=nf.astype(np.int32),
-        row=local.astype(np.uint16),
-        val=np.ascontiguousarray(vals, dtype=dtype),
+        feat=feat,
+        row=row,
+        val=val,
         tile_ptr=tile_ptr,
         sblock_row_ptr=sblock_row_ptr,
         batch_sblock_ptr=batch_sblock_ptr,

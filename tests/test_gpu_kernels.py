@@ -189,3 +189,21 @@ def test_layout_from_device_tiles_full_fit(cuda):
         res[name] = (st, curve)
     np.testing.assert_allclose(res["gpu"][1], res["cpu"][1], rtol=1e-3)
     np.testing.assert_allclose(res["gpu"][0].w, res["cpu"][0].w, rtol=1e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_layout_built_on_gpu_is_identical(cuda, shuffle):
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    rng = np.random.default_rng()
+    X, _, _ = random_problem(rng, n=3001, d=401)
+    kw = dict(batch_size=128, sample_block=50, n_hot_max=9, shuffle=shuffle, random_state=4)
+    A = build_layout(X, **kw)
+    for src in (X, cpsp.csr_matrix(X)):
+        B = build_layout(src, xp=cp, chunk_nnz=2000, **kw)
+        assert isinstance(B.feat, cp.ndarray)
+        for name in ("feat", "row", "val"):
+            np.testing.assert_array_equal(cp.asnumpy(getattr(B, name)), getattr(A, name), err_msg=name)
+        for name in ("tile_ptr", "sblock_row_ptr", "batch_sblock_ptr", "row_order", "feature_order"):
+            np.testing.assert_array_equal(getattr(B, name), getattr(A, name), err_msg=name)

@@ -108,3 +108,16 @@ def test_hot_threshold():
 def test_bad_batch_size():
     with pytest.raises(ValueError, match="batch_size"):
         build_layout(sp.csr_matrix((3, 3)), batch_size=0)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunked_build_is_identical(shuffle):
+    """Sorting a few mini-batches at a time (as on the GPU) gives the same layout."""
+    rng = np.random.default_rng()
+    X = sp.random(2003, 300, density=0.04, format="csr", random_state=rng, dtype=np.float32)
+    kw = dict(batch_size=64, sample_block=30, n_hot_max=8, shuffle=shuffle, random_state=5)
+    A = build_layout(X, **kw)
+    B = build_layout(X, chunk_nnz=500, **kw)
+    for name in ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "row_order"):
+        np.testing.assert_array_equal(getattr(A, name), getattr(B, name), err_msg=name)
+    assert A.n_hot == B.n_hot

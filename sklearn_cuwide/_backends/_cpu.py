@@ -52,6 +52,16 @@ def to_host(a):
     return a
 
 
+layout_xp = np
+
+
+def build_layout(X, **kw):
+    """Build the training layout (numpy, on the host)."""
+    from .._layout import build_layout as _build
+
+    return _build(X, xp=np, **kw)
+
+
 def put_layout(layout):
     return layout
 

@@ -121,6 +121,28 @@ def get_state(state):
     return out
 
 
+layout_xp = cp
+
+
+def build_layout(X, memory_budget=None, **kw):
+    """Build the training layout on the GPU (cupy sorts, chunk by chunk).
+
+    When the layout would not fit ``memory_budget`` (default: 80% of the
+    free device memory), it is built on the host instead and streamed in
+    every epoch.
+    """
+    from .._layout import build_layout as _build
+
+    nnz = int(X.nnz)
+    need = nnz * 10 + (64 << 20)
+    if memory_budget is None:
+        memory_budget = int(0.8 * free_memory())
+    if need > memory_budget:
+        return _build(X, xp=np, **kw)
+    kw.setdefault("chunk_nnz", 1 << 23)
+    return _build(X, xp=cp, **kw)
+
+
 def free_memory():
     """Bytes the device has free (cupy's pool included)."""
     free, _ = cp.cuda.runtime.memGetInfo()
@@ -152,6 +174,17 @@ class DeviceLayout:
         self.bytes_per_nnz = (
             layout.feat.itemsize + layout.row.itemsize + layout.val.itemsize
         )
+        self._pinned = None
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.counts = layout.feature_counts[layout.feature_order]
+        self._scales = {}
+        if isinstance(layout.feat, cp.ndarray):  # built on the device
+            self.resident = self.uploaded = True
+            self.feat, self.row, self.val = layout.feat, layout.row, layout.val
+            self.chunks = [(0, layout.n_batches)]
+            self.chunk_nnz = [(0, layout.nnz)]
+            self.max_chunk = layout.nnz
+            return
         nnz_bytes = layout.nnz * self.bytes_per_nnz
         if memory_budget is None:
             memory_budget = int(0.8 * free_memory())
@@ -183,8 +216,22 @@ class DeviceLayout:
                 )
                 for _ in range(2)
             ]
-        self._pinned = None
-        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+
+    def concurrency_scale(self, n_concurrent, power=1.0):
+        """Per-feature step scale for ``n_concurrent`` blocks in flight.
+
+        A feature present in a fraction ``q`` of the mini-batches is updated
+        by about ``1 + (P - 1) q`` blocks from the same stale weights; its
+        step is divided by that (staleness-aware asynchronous SGD).  Returns
+        (device array in layout order, scale of the intercept).
+        """
+        P = int(n_concurrent)
+        key = (P, float(power))
+        if key not in self._scales:
+            q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
+            s = (1.0 + (P - 1) * np.clip(q, 0.0, 1.0)) ** -power
+            self._scales[key] = (cp.asarray(s.astype(np.float32)), float(P) ** -power)
+        return self._scales[key]
 
     @property
     def nbytes(self):
@@ -295,16 +342,23 @@ def run_epoch(
     n_rep=None,
     acc_global=False,
     grid=None,
-    rng=None,
+    staleness=True,
+    sequential_prefix=0,
+    skip=0,
 ):
     """One pass over the mini-batches with the flow-based kernel.
 
     ``deterministic=True`` runs one thread block that applies the
     mini-batches strictly in ``batch_order`` (the CPU backend's semantics);
     otherwise every multiprocessor takes mini-batches concurrently
-    (Hogwild, lock-free atomic updates).  ``n_rep`` and ``acc_global`` are
+    (Hogwild, lock-free atomic updates), with each feature's step scaled
+    down by the number of blocks expected to update it at once
+    (``staleness=True``).  ``sequential_prefix``: run the first that many
+    mini-batches of ``batch_order`` in order on one block first (a warm
+    start for the shared accumulators).  ``n_rep`` and ``acc_global`` are
     the ablation switches (replicas of the hot accumulators; per-sample
-    accumulators in global memory instead of shared memory).
+    accumulators in global memory instead of shared memory); ``skip`` is a
+    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
     Returns the sum of ``sample_weight * loss`` (a float; one sync).
     """
     D = state.n_outputs
@@ -331,13 +385,29 @@ def run_epoch(
     stream = cp.cuda.get_current_stream()
     batch_order = np.asarray(batch_order, dtype=np.int64)
 
-    def launch(order_np, arrays, base):
+    prefix_left = [int(sequential_prefix)]
+
+    def launch(order_np, arrays, base, sequential=False):
         n_work = int(order_np.size)
         if n_work == 0:
             return
+        if not sequential and not deterministic and prefix_left[0] > 0:
+            k = min(prefix_left[0], n_work)
+            prefix_left[0] = 0  # once per epoch
+            launch(order_np[:k], arrays, base, sequential=True)
+            order_np = order_np[k:]
+            n_work -= k
+            if n_work == 0:
+                return
+        seq = deterministic or sequential
         order = cp.asarray(order_np.astype(np.int32))
-        counter = null if deterministic else cp.zeros(1, dtype=cp.int32)
-        g = min(grid, n_work)
+        counter = null if seq else cp.zeros(1, dtype=cp.int32)
+        g = 1 if seq else min(grid, n_work)
+        if staleness and g > 1:
+            power = 0.5 if staleness == "sqrt" else 1.0
+            fscale, bscale = dl.concurrency_scale(g, power)
+        else:
+            fscale, bscale = null, 1.0
         feat, row, val = arrays
         kern(
             (g,),
@@ -353,6 +423,7 @@ def run_epoch(
                 np.float32(params.learning_rate), np.float32(params.l2_w),
                 np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
                 np.int32(params.fit_intercept), np.int32(params.fit_linear),
+                fscale, np.float32(bscale), np.int32(skip),
                 loss,
             ),
             shared_mem=smem,
