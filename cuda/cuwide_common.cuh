@@ -38,18 +38,24 @@ struct OddStride {
 // One sgd/adagrad step on one parameter, with the L1 proximal step fused.
 // Lock-free: the accumulator and the parameter are updated atomically, so
 // concurrent thread blocks (Hogwild) never lose an update.
-// ``scale`` (1 in sequential mode) shrinks the step of a parameter that
-// several thread blocks update concurrently (staleness-aware step).
+// One sgd/adagrad step on one parameter, with the L1 proximal step fused.
+// ``G_old`` is Adagrad's accumulator as read (early, to hide its latency) by
+// the caller.  Lock-free: the accumulator and the parameter change through
+// atomic adds (a CAS loop for the L1 prox), so concurrent thread blocks
+// (Hogwild) never lose an update; a concurrent block's contribution to G
+// may be missed in this step's scale.  ``scale`` (1 in sequential mode)
+// shrinks the step of a parameter that several blocks update at once.
 template <int SOLVER>
 __device__ __forceinline__ void update_param(float* p, float* G, float g, float lr,
-                                             float eps, float l1, float scale = 1.f) {
+                                             float eps, float l1, float scale,
+                                             float G_old) {
   float step;
   if (SOLVER == SGD) {
     step = lr;
   } else {
     const float gg = g * g;
-    const float acc = atomicAdd(G, gg) + gg;
-    step = lr / (sqrtf(acc) + eps);
+    atomicAdd(G, gg);
+    step = lr / (sqrtf(G_old + gg) + eps);
   }
   step *= scale;
   const float delta = -step * g;
@@ -66,6 +72,11 @@ __device__ __forceinline__ void update_param(float* p, float* G, float g, float 
   } else {
     atomicAdd(p, delta);
   }
+}
+
+template <int SOLVER>
+__device__ __forceinline__ float load_acc(const float* G) {
+  return SOLVER == SGD ? 0.f : *G;
 }
 
 }  // namespace cuwide

@@ -57,7 +57,7 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
 }
 
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
-__global__ void __launch_bounds__(512) cuwide_train(
+__global__ void __launch_bounds__(512, 2) cuwide_train(
     const int* __restrict__ feat, const unsigned short* __restrict__ row,
     const float* __restrict__ val, long long nnz_base,
     const long long* __restrict__ tile_ptr, const long long* __restrict__ sblock_row_ptr,
@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
     int skip, double* loss_out) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4) : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item;
   const int tid = threadIdx.x, bd = blockDim.x;
@@ -133,51 +134,99 @@ __global__ void __launch_bounds__(512) cuwide_train(
       __syncthreads();
 
       // ---------------- aggregate: feature -> sample ----------------
+      // UNROLL nonzeros per thread (group) per step: their loads are all
+      // issued before the first use, so the gathers overlap.
       if (skip & 1) {
       } else if (MODEL == LINEAR) {
-        for (long long i = t0 + tid; i < t2; i += bd) {
-          const int f = feat[i];
-          const int r = row[i];
-          const float x = val[i];
-          const bool hot = i < t1;
-          if (hot) touched[f] = 1;
+        for (long long base = t0 + tid; base < t2; base += UNROLL * bd) {
+          int f[UNROLL], r[UNROLL];
+          float x[UNROLL];
 #pragma unroll
-          for (int o = 0; o < NOUT; ++o) {
-            const float wv = hot ? hcache[f * NOUT + o] : w[(long long)f * NOUT + o];
-            atomicAdd(&acc[r * RS + o], wv * x);
+          for (int u = 0; u < UNROLL; ++u) {
+            const long long i = base + (long long)u * bd;
+            f[u] = -1;
+            if (i < t2) {
+              f[u] = feat[i];
+              r[u] = row[i];
+              x[u] = val[i];
+            }
+          }
+          float wv[UNROLL][NOUT];
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            const long long i = base + (long long)u * bd;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o)
+              wv[u][o] = f[u] < 0 ? 0.f
+                         : i < t1 ? hcache[f[u] * NOUT + o]
+                                  : w[(long long)f[u] * NOUT + o];
+          }
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            if (f[u] < 0) continue;
+            if (base + (long long)u * bd < t1) touched[f[u]] = 1;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) atomicAdd(&acc[r[u] * RS + o], wv[u][o] * x[u]);
           }
         }
       } else {
-        for (long long base = t0; base < t2; base += ng) {
-          const long long i = base + gid;
-          const bool active = i < t2;
-          int f = 0, r = 0;
-          float x = 0.f, sq = 0.f;
-          bool hot = false;
-          if (active) {
-            f = feat[i];
-            r = row[i];
-            x = val[i];
-            hot = i < t1;
+        for (long long b0 = t0; b0 < t2; b0 += (long long)UNROLL * ng) {
+          // b0 is the same for all lanes: the shuffles below are warp-uniform
+          const long long base = b0 + gid;
+          int f[UNROLL], r[UNROLL];
+          float x[UNROLL];
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            const long long i = base + (long long)u * ng;
+            f[u] = -1;
+            r[u] = 0;
+            x[u] = 0.f;
+            if (i < t2) {
+              f[u] = feat[i];
+              r[u] = row[i];
+              x[u] = val[i];
+            }
+          }
+          float v[UNROLL][KPL];
+          float lin[UNROLL];
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            const bool hot = base + (long long)u * ng < t1;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              v[u][kk] = (f[u] < 0 || k >= NF) ? 0.f
+                         : hot ? hcache[f[u] * HW + k]
+                               : V[(long long)f[u] * NF + k];
+            }
+            lin[u] = (f[u] < 0 || gl != 0 || !fit_linear) ? 0.f
+                     : hot ? hcache[f[u] * HW + NF]
+                           : w[f[u]];
+          }
+          float sq[UNROLL];
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            sq[u] = 0.f;
+            if (f[u] < 0) continue;
 #pragma unroll
             for (int kk = 0; kk < KPL; ++kk) {
               const int k = gl + kk * G;
               if (k < NF) {
-                const float v = hot ? hcache[f * HW + k] : V[(long long)f * NF + k];
-                const float vx = v * x;
-                atomicAdd(&acc[r * RS + k], vx);
-                sq += vx * vx;
+                const float vx = v[u][kk] * x[u];
+                atomicAdd(&acc[r[u] * RS + k], vx);
+                sq[u] += vx * vx;
               }
             }
           }
 #pragma unroll
           for (int off = G / 2; off > 0; off >>= 1)
-            sq += __shfl_xor_sync(CUWIDE_FULL_MASK, sq, off);
-          if (active && gl == 0) {
-            float lin = 0.f;
-            if (fit_linear) lin = (hot ? hcache[f * HW + NF] : w[f]) * x;
-            atomicAdd(&acc[r * RS + NF], lin - 0.5f * sq);
-            if (hot) touched[f] = 1;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) sq[u] += __shfl_xor_sync(CUWIDE_FULL_MASK, sq[u], off);
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u) {
+            if (f[u] < 0 || gl != 0) continue;
+            atomicAdd(&acc[r[u] * RS + NF], lin[u] * x[u] - 0.5f * sq[u]);
+            if (base + (long long)u * ng < t1) touched[f[u]] = 1;
           }
         }
       }
@@ -248,18 +297,31 @@ __global__ void __launch_bounds__(512) cuwide_train(
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
       if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
+        // software pipelined: the next nonzero's loads are in flight while
+        // this one is reduced
+        int f_n = -1, r_n = 0;
+        float x_n = 0.f;
+        if (t0 + gid < t1) {
+          f_n = feat[t0 + gid];
+          r_n = row[t0 + gid];
+          x_n = val[t0 + gid];
+        }
         for (long long base = t0; base < t1; base += ng) {
-          const long long i = base + gid;
-          const bool active = i < t1;
-          int f = -1;
+          const bool active = base + gid < t1;
+          const int fa = f_n, r = r_n;
+          const float x = x_n;
+          const long long inext = base + ng + gid;
+          if (inext < t1) {
+            f_n = feat[inext];
+            r_n = row[inext];
+            x_n = val[inext];
+          }
+          int f = active ? fa : -1;
           float c[MODEL == FM ? KPL + 1 : NOUT];
           if (MODEL == FM) {
 #pragma unroll
             for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
             if (active) {
-              f = feat[i];
-              const int r = row[i];
-              const float x = val[i];
               const float ex = acc[r * RS + NF] * x;
 #pragma unroll
               for (int kk = 0; kk < KPL; ++kk) {
@@ -270,14 +332,7 @@ __global__ void __launch_bounds__(512) cuwide_train(
             }
           } else {
 #pragma unroll
-            for (int o = 0; o < NOUT; ++o) c[o] = 0.f;
-            if (active) {
-              f = feat[i];
-              const int r = row[i];
-              const float x = val[i];
-#pragma unroll
-              for (int o = 0; o < NOUT; ++o) c[o] = acc[r * RS + o] * x;
-            }
+            for (int o = 0; o < NOUT; ++o) c[o] = active ? acc[r * RS + o] * x : 0.f;
           }
           constexpr int NC = MODEL == FM ? KPL + 1 : NOUT;
           // segmented inclusive scan over the groups of the warp (ids sorted)
@@ -336,14 +391,19 @@ __global__ void __launch_bounds__(512) cuwide_train(
           const int f = feat[p];
           const float sc = fscale ? fscale[f] : 1.f;
           if (MODEL == FM) {
-            float vk[KPL], gk[KPL];
+            float vk[KPL], gk[KPL], Gk[KPL];
             float gwv = 0.f;
 #pragma unroll
             for (int kk = 0; kk < KPL; ++kk) {
               const int k = gl + kk * G;
-              vk[kk] = k < NF ? V[(long long)f * NF + k] : 0.f;
+              const long long pi = (long long)f * NF + k;
+              vk[kk] = k < NF ? V[pi] : 0.f;
+              Gk[kk] = k < NF ? load_acc<SOLVER>(gV + pi) : 0.f;
               gk[kk] = 0.f;
             }
+            const bool lin = gl == 0 && fit_linear;
+            const float w_old = lin ? w[f] : 0.f;
+            const float Gw_old = lin ? load_acc<SOLVER>(gw + f) : 0.f;
             for (long long q = p; q < t2 && feat[q] == f; ++q) {
               const int r = row[q];
               const float x = val[q];
@@ -360,15 +420,21 @@ __global__ void __launch_bounds__(512) cuwide_train(
               const int k = gl + kk * G;
               if (k < NF) {
                 const long long pi = (long long)f * NF + k;
-                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f, sc);
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f, sc,
+                                     Gk[kk]);
               }
             }
-            if (gl == 0 && fit_linear)
-              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w[f], lr, eps, l1, sc);
+            if (lin)
+              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w_old, lr, eps, l1, sc, Gw_old);
           } else {
-            float gs[NOUT];
+            float gs[NOUT], w_old[NOUT], G_old[NOUT];
 #pragma unroll
-            for (int o = 0; o < NOUT; ++o) gs[o] = 0.f;
+            for (int o = 0; o < NOUT; ++o) {
+              const long long pi = (long long)f * NOUT + o;
+              gs[o] = 0.f;
+              w_old[o] = l2w != 0.f ? w[pi] : 0.f;
+              G_old[o] = load_acc<SOLVER>(gw + pi);
+            }
             for (long long q = p; q < t2 && feat[q] == f; ++q) {
               const int r = row[q];
               const float x = val[q];
@@ -378,7 +444,8 @@ __global__ void __launch_bounds__(512) cuwide_train(
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w[pi], lr, eps, l1, sc);
+              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w_old[o], lr, eps, l1, sc,
+                                   G_old[o]);
             }
           }
         }
@@ -399,17 +466,21 @@ __global__ void __launch_bounds__(512) cuwide_train(
         if (MODEL == FM) {
           if (j < NF) {
             const long long pi = (long long)f * NF + j;
-            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f, sc);
+            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f, sc,
+                                 load_acc<SOLVER>(gV + pi));
           } else if (fit_linear) {
-            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1, sc);
+            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1, sc,
+                                 load_acc<SOLVER>(gw + f));
           }
         } else {
           const long long pi = (long long)f * NOUT + j;
-          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1, sc);
+          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1, sc,
+                               load_acc<SOLVER>(gw + pi));
         }
       }
       if (fit_intercept && tid < NOUT)
-        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f, bscale);
+        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f, bscale,
+                             load_acc<SOLVER>(gb + tid));
       __syncthreads();
       for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
       // the next sample block's init only writes acc/hcache/bgrad, none of

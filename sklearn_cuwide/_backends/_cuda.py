@@ -53,13 +53,19 @@ def use_device(i):
 
 
 def device_name():
-    props = cp.cuda.runtime.getDeviceProperties(_device_id)
-    n = props["name"]
+    n = _props()["name"]
     return n.decode() if isinstance(n, bytes) else str(n)
 
 
+_PROPS = {}
+
+
 def _props():
-    return cp.cuda.runtime.getDeviceProperties(_device_id)
+    """Device properties, read once per device (the call costs ~1 ms)."""
+    p = _PROPS.get(_device_id)
+    if p is None:
+        p = _PROPS[_device_id] = cp.cuda.runtime.getDeviceProperties(_device_id)
+    return p
 
 
 def tile_shape(params, n_outputs, n_factors, batch_size):
@@ -216,6 +222,15 @@ class DeviceLayout:
                 )
                 for _ in range(2)
             ]
+
+    def batch_weight_on_device(self, batch_weight):
+        """The per-batch weights as a device array (uploaded once)."""
+        cached = getattr(self, "_bw", None)
+        if cached is not None and cached[0] is batch_weight:
+            return cached[1]
+        dev = cp.asarray(np.asarray(batch_weight, dtype=np.float32))
+        self._bw = (batch_weight, dev)
+        return dev
 
     def concurrency_scale(self, n_concurrent, power=1.0):
         """Per-feature step scale for ``n_concurrent`` blocks in flight.
@@ -374,7 +389,7 @@ def run_epoch(
     props = _props()
     if grid is None:
         grid = 1 if deterministic else props["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
-    bw = cp.asarray(np.asarray(batch_weight, dtype=np.float32))
+    bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = cp.empty(grid * sb * rs, dtype=cp.float32) if acc_global else None
     null = _NULL
