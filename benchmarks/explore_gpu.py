@@ -1,10 +1,11 @@
-"""Exploration on the GPU: where an epoch's time goes, and how concurrent
-(Hogwild) training should scale its steps to learn as well as the
-sequential order.  Prints tables; writes explore.json to --out.
+"""Exploration on the GPU: where an epoch's time goes, and which step
+scaling lets concurrent (Hogwild) training learn as well as the sequential
+order.  Prints tables; writes explore.json to --out.
 
     PYTHONPATH=. python benchmarks/explore_gpu.py --out $OUT
 """
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -23,7 +24,8 @@ def main():
     ap.add_argument("--features", type=int, default=2**22)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--ncu", action="store_true", help="one small launch for ncu")
+    ap.add_argument("--models", default="LR,FM")
+    ap.add_argument("--no-quality", action="store_true")
     args = ap.parse_args()
     import cupy as cp
     from sklearn.metrics import roc_auc_score
@@ -34,8 +36,6 @@ def main():
     from sklearn_cuwide.datasets import make_ctr_classification
 
     be = get_backend("cuda:0")
-    if args.ncu:
-        args.rows, args.test_rows = 400_000, 1000
     t0 = time.perf_counter()
     X, y = make_ctr_classification(n_samples=args.rows + args.test_rows,
                                    n_features=args.features, model="fm", random_state=0)
@@ -48,26 +48,26 @@ def main():
         a.record(); fn(); b.record(); b.synchronize()
         return cp.cuda.get_elapsed_time(a, b)
 
-    for name, k, lr in (("LR", 0, 0.05), ("FM", 16, 0.05)):
+    for name in args.models.split(","):
+        k = 16 if name == "FM" else 0
         params = StepParams(model="fm" if k else "linear", loss="logistic", solver="adagrad",
-                            learning_rate=lr, l2_w=1e-7, l2_v=1e-6 if k else 0.0)
+                            learning_rate=0.05, l2_w=1e-7, l2_v=1e-6 if k else 0.0)
         sb, nh = be.tile_shape(params, 1, k, args.batch)
-        pool = cp.get_default_memory_pool(); pool.free_all_blocks(); base = pool.total_bytes()
         t0 = time.perf_counter()
         L = be.build_layout(Xtr, batch_size=args.batch, sample_block=sb, n_hot_max=nh,
                             shuffle=True, random_state=0)
-        cp.cuda.Device().synchronize()
-        t_layout = time.perf_counter() - t0
         dl = be.put_layout(L)
-        layout_peak = pool.total_bytes() - base
-        print(f"{name}: layout {t_layout:.2f}s on {'gpu' if dl.uploaded else 'host'}, "
-              f"sb {sb} hot {L.n_hot} peak {layout_peak/1e9:.2f} GB (csr {(Xtr.data.nbytes+Xtr.indices.nbytes+Xtr.indptr.nbytes)/1e9:.2f})", flush=True)
+        cp.cuda.Device().synchronize()
+        print(f"{name}: layout {time.perf_counter()-t0:.2f}s sb {sb} hot {L.n_hot}", flush=True)
         ro = L.row_order
         yl = cp.asarray(ytr[ro].astype(np.float32)); swl = cp.ones(L.n_rows, dtype=cp.float32)
         bw = batch_weights(L, np.ones(L.n_rows))
 
-        def fresh():
+        def fresh(G0=0.0):
             st = ModelState.zeros(X.shape[1], 1, k, adagrad=True, init_scale=0.01, random_state=0)
+            for a in (st.gw, st.gV, st.gb):
+                if a is not None:
+                    a[:] = G0
             return be.put_state(st.permute_features(L.feature_order))
 
         def auc_of(dst):
@@ -75,57 +75,45 @@ def main():
             d = be.to_host(be.decision_function(Xte, h.w, h.b, h.V))[:, 0]
             return roc_auc_score(yte, d)
 
-        if args.ncu:
-            dst = fresh()
-            for _ in range(3):
-                be.run_epoch(dl, yl, swl, bw, dst, params, np.arange(L.n_batches))
-            continue
-        # ---- timing: grid sizes and skipped stages ----
         rows = []
         dst = fresh()
         order = np.random.default_rng(0).permutation(L.n_batches)
         be.run_epoch(dl, yl, swl, bw, dst, params, order)  # compile, warm
-        for label, kw in (("full", {}), ("grid132", {"grid": 132}), ("grid528", {"grid": 528}),
+        for label, kw in (("full", {}), ("grid132", {"grid": 132}),
                           ("no-aggregate", {"skip": 1}), ("no-hot-apply", {"skip": 2}),
                           ("no-cold-apply", {"skip": 4}), ("no-flush", {"skip": 8}),
-                          ("only-loss", {"skip": 15}), ("no-staleness", {"staleness": False})):
+                          ("only-loss", {"skip": 15})):
             ts = [ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order, **kw)) for _ in range(3)]
             rows.append((label, float(np.median(ts))))
-        t1 = ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:200], deterministic=True))
-        rows.append(("sequential, per batch", t1 / 200))
+        t1 = ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:100], deterministic=True))
+        rows.append(("sequential, per batch", t1 / 100))
         for r in rows:
             print(f"  {name} time {r[0]:>22}: {r[1]:.3f} ms", flush=True)
         out[name + "_time"] = rows
-        # ---- quality: 3 epochs per variant ----
+        if args.no_quality:
+            continue
         qrows = []
-        variants = [("hogwild-sum", dict(staleness=False)),
-                    ("staleness-linear", dict(staleness=True)),
-                    ("staleness-sqrt", dict(staleness="sqrt")),
-                    ("sqrt+warm2000", dict(staleness="sqrt", sequential_prefix=2000)),
-                    ("hogwild+warm2000", dict(staleness=False, sequential_prefix=2000)),
-                    ("grid132-sqrt", dict(staleness="sqrt", grid=132))]
-        for label, kw in variants:
-            for lr_mult in (1.0, 4.0):
-                p2 = params.replace(learning_rate=params.learning_rate * lr_mult)
-                dst = fresh()
-                rng = np.random.default_rng(0)
-                losses = []
-                t0 = time.perf_counter()
-                for ep in range(3):
-                    o = rng.permutation(L.n_batches)
-                    kw2 = dict(kw)
-                    if ep > 0:
-                        kw2.pop("sequential_prefix", None)
-                    losses.append(be.run_epoch(dl, yl, swl, bw, dst, p2, o, **kw2) / L.n_rows)
-                cp.cuda.Device().synchronize()
-                el = time.perf_counter() - t0
-                a = auc_of(dst)
-                qrows.append((label, lr_mult, a, losses, el))
-                print(f"  {name} {label:>18} lr x{lr_mult}: AUC {a:.4f} loss {['%.4f' % l for l in losses]} {el:.2f}s", flush=True)
-        # deterministic reference on the first 400k rows' batches is too slow for 4M: use 1 epoch of 1000 batches
+        if k:
+            grid = itertools.product([False, "sqrt", True], [0.0, 0.1, 1.0], [0.05, 0.2], [1e-6, 1e-4])
+        else:
+            grid = itertools.product([False, "sqrt"], [0.0, 0.1], [0.05, 0.02], [1e-7, 1e-5])
+        for stale, G0, lr, l2 in grid:
+            p2 = params.replace(learning_rate=lr, **({"l2_v": l2} if k else {"l2_w": l2}))
+            dst = fresh(G0)
+            rng = np.random.default_rng(0)
+            losses, aucs = [], []
+            for ep in range(3):
+                o = rng.permutation(L.n_batches)
+                losses.append(be.run_epoch(dl, yl, swl, bw, dst, p2, o, staleness=stale) / L.n_rows)
+                aucs.append(auc_of(dst))
+            qrows.append(dict(staleness=str(stale), G0=G0, lr=lr, l2=l2, loss=losses, auc=aucs))
+            print(f"  {name} stale={str(stale):5} G0={G0:<4} lr={lr:<5} l2={l2:<6}: AUC/epoch "
+                  f"{' '.join('%.4f' % a for a in aucs)} loss {' '.join('%.3f' % l for l in losses)}", flush=True)
         out[name + "_quality"] = qrows
+        best = max(qrows, key=lambda r: r["auc"][-1])
+        print(f"  {name} best after 3 epochs: {best}", flush=True)
         del dl, L
-        pool.free_all_blocks()
+        cp.get_default_memory_pool().free_all_blocks()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "explore.json").write_text(json.dumps(out, indent=1, default=float))
 
