@@ -26,6 +26,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--models", default="LR,FM")
     ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--ramp-sweep", action="store_true")
     args = ap.parse_args()
     import cupy as cp
     from sklearn.metrics import roc_auc_score
@@ -79,36 +81,52 @@ def main():
         dst = fresh()
         order = np.random.default_rng(0).permutation(L.n_batches)
         be.run_epoch(dl, yl, swl, bw, dst, params, order)  # compile, warm
-        for label, kw in (("full", {}), ("grid132", {"grid": 132}),
+        for label, kw in () if args.no_timing else (("full", {}), ("grid132", {"grid": 132}),
                           ("no-aggregate", {"skip": 1}), ("no-hot-apply", {"skip": 2}),
                           ("no-cold-apply", {"skip": 4}), ("no-flush", {"skip": 8}),
                           ("only-loss", {"skip": 15})):
             ts = [ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order, **kw)) for _ in range(3)]
             rows.append((label, float(np.median(ts))))
-        t1 = ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:100], deterministic=True))
-        rows.append(("sequential, per batch", t1 / 100))
+        if not args.no_timing:
+            t1 = ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:100], deterministic=True))
+            rows.append(("sequential, per batch", t1 / 100))
         for r in rows:
             print(f"  {name} time {r[0]:>22}: {r[1]:.3f} ms", flush=True)
         out[name + "_time"] = rows
         if args.no_quality:
             continue
         qrows = []
-        if k:
-            grid = itertools.product([False, "sqrt", True], [0.0, 0.1, 1.0], [0.05, 0.2], [1e-6, 1e-4])
+        if args.ramp_sweep and k:
+            grid = [(s_, 0.0, lr_, l2_, r_) for s_, lr_, l2_, r_ in (
+                ("sqrt", 0.05, 1e-6, 8), ("sqrt", 0.05, 1e-6, 32), (False, 0.05, 1e-6, 8),
+                (False, 0.05, 1e-6, 32), ("sqrt", 0.1, 1e-6, 32), ("sqrt", 0.05, 1e-4, 32),
+                (True, 0.05, 1e-6, 32), ("sqrt", 0.05, 1e-6, 128), (False, 0.02, 1e-6, 32))]
+            grid.append(("sqrt", 0.1, 0.05, 1e-6, 32))
+        elif args.ramp_sweep:
+            grid = [(s_, 0.0, lr_, 1e-7, r_) for s_, lr_, r_ in (
+                (False, 0.05, 0), (False, 0.05, 8), (False, 0.05, 32), ("sqrt", 0.05, 8),
+                (False, 0.02, 8), ("sqrt", 0.05, 32))]
+        elif k:
+            grid = [g + (0,) for g in itertools.product([False, "sqrt", True], [0.0, 0.1, 1.0], [0.05, 0.2], [1e-6, 1e-4])]
         else:
-            grid = itertools.product([False, "sqrt"], [0.0, 0.1], [0.05, 0.02], [1e-7, 1e-5])
-        for stale, G0, lr, l2 in grid:
+            grid = [g + (0,) for g in itertools.product([False, "sqrt"], [0.0, 0.1], [0.05, 0.02], [1e-7, 1e-5])]
+        for stale, G0, lr, l2, ramp in grid:
             p2 = params.replace(learning_rate=lr, **({"l2_v": l2} if k else {"l2_w": l2}))
             dst = fresh(G0)
             rng = np.random.default_rng(0)
             losses, aucs = [], []
+            t_ep = []
             for ep in range(3):
                 o = rng.permutation(L.n_batches)
-                losses.append(be.run_epoch(dl, yl, swl, bw, dst, p2, o, staleness=stale) / L.n_rows)
+                kw = dict(staleness=stale, ramp=ramp if ep == 0 else 0)
+                box = {}
+                t_ep.append(ev_time(lambda: box.setdefault("l", be.run_epoch(dl, yl, swl, bw, dst, p2, o, **kw))))
+                losses.append(box["l"] / L.n_rows)
                 aucs.append(auc_of(dst))
-            qrows.append(dict(staleness=str(stale), G0=G0, lr=lr, l2=l2, loss=losses, auc=aucs))
-            print(f"  {name} stale={str(stale):5} G0={G0:<4} lr={lr:<5} l2={l2:<6}: AUC/epoch "
-                  f"{' '.join('%.4f' % a for a in aucs)} loss {' '.join('%.3f' % l for l in losses)}", flush=True)
+            qrows.append(dict(staleness=str(stale), G0=G0, lr=lr, l2=l2, ramp=ramp, loss=losses, auc=aucs, ms=t_ep))
+            print(f"  {name} stale={str(stale):5} G0={G0:<4} lr={lr:<5} l2={l2:<6} ramp={ramp:<3}: AUC/epoch "
+                  f"{' '.join('%.4f' % a for a in aucs)} loss {' '.join('%.3f' % l for l in losses)} "
+                  f"ms {' '.join('%.1f' % t for t in t_ep)}", flush=True)
         out[name + "_quality"] = qrows
         best = max(qrows, key=lambda r: r["auc"][-1])
         print(f"  {name} best after 3 epochs: {best}", flush=True)

@@ -167,6 +167,7 @@ def fit_minibatch(
     validation=None,
     verbose=0,
     backend_options=None,
+    first_epoch_options=None,
 ):
     """Epochs of mini-batch sgd/adagrad over a tile layout.
 
@@ -188,6 +189,8 @@ def fit_minibatch(
     validation : tuple (X_val, y_val, sw_val) or None
         Held-out data in the user's order (X_val sparse, user feature order).
     backend_options : dict, passed to ``backend.run_epoch``.
+    first_epoch_options : dict, added to ``backend_options`` in the first
+        epoch (e.g. the CUDA backend's concurrency warm-up ``ramp``).
 
     Returns
     -------
@@ -226,8 +229,9 @@ def fit_minibatch(
         if order is None:
             order = np.arange(layout.n_batches)
         t0 = time.perf_counter()
+        ep_opts = dict(opts, **(first_epoch_options or {})) if epoch == 0 else opts
         lsum = backend.run_epoch(
-            dev_layout, dev_y, dev_sw, bw, dstate, params, order, **opts
+            dev_layout, dev_y, dev_sw, bw, dstate, params, order, **ep_opts
         )
         dt_epoch = time.perf_counter() - t0
         n_iter = epoch + 1

@@ -359,6 +359,7 @@ def run_epoch(
     grid=None,
     staleness=True,
     sequential_prefix=0,
+    ramp=0,
     skip=0,
 ):
     """One pass over the mini-batches with the flow-based kernel.
@@ -368,9 +369,12 @@ def run_epoch(
     otherwise every multiprocessor takes mini-batches concurrently
     (Hogwild, lock-free atomic updates), with each feature's step scaled
     down by the number of blocks expected to update it at once
-    (``staleness=True``).  ``sequential_prefix``: run the first that many
-    mini-batches of ``batch_order`` in order on one block first (a warm
-    start for the shared accumulators).  ``n_rep`` and ``acc_global`` are
+    (``staleness=True``; ``"sqrt"`` divides by its square root).
+    ``sequential_prefix``: run the first that many mini-batches of
+    ``batch_order`` in order on one block first.  ``ramp=K``: warm up the
+    concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
+    per block, before the full grid (used in the first epoch of a fit: the
+    first steps move the model most, and move it from the freshest weights).  ``n_rep`` and ``acc_global`` are
     the ablation switches (replicas of the hot accumulators; per-sample
     accumulators in global memory instead of shared memory); ``skip`` is a
     profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
@@ -400,24 +404,23 @@ def run_epoch(
     stream = cp.cuda.get_current_stream()
     batch_order = np.asarray(batch_order, dtype=np.int64)
 
-    prefix_left = [int(sequential_prefix)]
+    # warm-up stages: (blocks, mini-batches), consumed by the first launches
+    stages = []
+    if not deterministic:
+        if sequential_prefix:
+            stages.append((1, int(sequential_prefix)))
+        if ramp:
+            P = 1
+            while P < grid:
+                stages.append((P, int(ramp) * P))
+                P *= 2
 
-    def launch(order_np, arrays, base, sequential=False):
+    def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
-        if n_work == 0:
-            return
-        if not sequential and not deterministic and prefix_left[0] > 0:
-            k = min(prefix_left[0], n_work)
-            prefix_left[0] = 0  # once per epoch
-            launch(order_np[:k], arrays, base, sequential=True)
-            order_np = order_np[k:]
-            n_work -= k
-            if n_work == 0:
-                return
-        seq = deterministic or sequential
+        seq = g == 1
         order = cp.asarray(order_np.astype(np.int32))
         counter = null if seq else cp.zeros(1, dtype=cp.int32)
-        g = 1 if seq else min(grid, n_work)
+        g = min(g, n_work)
         if staleness and g > 1:
             power = 0.5 if staleness == "sqrt" else 1.0
             fscale, bscale = dl.concurrency_scale(g, power)
@@ -443,6 +446,19 @@ def run_epoch(
             ),
             shared_mem=smem,
         )
+
+    def launch(order_np, arrays, base):
+        while stages and order_np.size:
+            P, cnt = stages[0]
+            take = min(cnt, int(order_np.size))
+            launch_one(order_np[:take], arrays, base, P)
+            order_np = order_np[take:]
+            if take == cnt:
+                stages.pop(0)
+            else:
+                stages[0] = (P, cnt - take)
+        if order_np.size:
+            launch_one(order_np, arrays, base, 1 if deterministic else grid)
 
     if dl.resident and dl.uploaded:
         launch(batch_order, (dl.feat, dl.row, dl.val), 0)
