@@ -243,9 +243,11 @@ class DeviceLayout:
         P = int(n_concurrent)
         key = (P, float(power))
         if key not in self._scales:
-            q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
-            s = (1.0 + (P - 1) * np.clip(q, 0.0, 1.0)) ** -power
-            self._scales[key] = (cp.asarray(s.astype(np.float32)), float(P) ** -power)
+            if getattr(self, "_q", None) is None:
+                q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
+                self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
+            s = (1.0 + (P - 1) * self._q) ** (-power)
+            self._scales[key] = (s.astype(cp.float32), float(P) ** -power)
         return self._scales[key]
 
     @property
@@ -344,6 +346,18 @@ def train_kernel(params, n_outputs, n_factors):
     return get_kernel("cuwide_train.cu", expr)
 
 
+def default_staleness(params):
+    """Step scaling under concurrency, as measured on an H200 (Criteo-like
+    data, 264 blocks): plain lock-free sums lose nothing for LR; the FM's hot
+    factors need their concurrent steps divided by sqrt(#updaters)."""
+    return "sqrt" if params.model == "fm" else False
+
+
+def default_ramp(params):
+    """Mini-batches per block of each concurrency warm-up stage (first epoch)."""
+    return 32 if params.model == "fm" else 8
+
+
 def run_epoch(
     dl,
     y,
@@ -357,7 +371,7 @@ def run_epoch(
     n_rep=None,
     acc_global=False,
     grid=None,
-    staleness=True,
+    staleness="auto",
     sequential_prefix=0,
     ramp=0,
     skip=0,
@@ -382,6 +396,8 @@ def run_epoch(
     """
     D = state.n_outputs
     k = _n_factors(state)
+    if staleness == "auto":
+        staleness = default_staleness(params)
     kern = train_kernel(params, D, k)
     rs = _tiles.row_stride(params, D, k)
     hw = _tiles.hot_width(params, D, k)

@@ -1,0 +1,372 @@
+"""What the three estimators share: input checks, the device, the mini-batch
+training driver and the prediction path.
+
+The estimators stay thin: they validate their parameters, turn labels into
+targets, build a :class:`~sklearn_cuwide._state.StepParams` and a
+:class:`~sklearn_cuwide._state.ModelState`, and hand arrays to the solver
+functions of :mod:`sklearn_cuwide._solvers` through the helpers here.
+"""
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import _check_sample_weight, validate_data
+
+from . import _device
+from ._backends import get_backend
+from ._solvers import fit_minibatch
+
+__all__ = []
+
+#: sparse formats taken as they are (anything else is converted to CSR)
+ACCEPT_SPARSE = ["csr", "csc", "coo"]
+#: input dtypes kept as they are (anything else becomes float32)
+DTYPES = [np.float32, np.float64]
+#: the dtype the model state and the training layout use
+COMPUTE_DTYPE = np.float32
+
+
+# --------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------
+def _to_host_if_cupy(a):
+    """Bring a cupy array or cupyx sparse matrix to the host (else no-op).
+
+    The one place where device input meets the CPU path: the CUDA path will
+    replace it with a device-side one.
+    """
+    if a is not None and _device.is_cupy_array(a):
+        return a.get()
+    return a
+
+
+def _as_csr(X, dtype=None):
+    """A CSR view or copy of ``X`` that is safe to read (never the user's
+    object modified): canonical (sorted, no duplicates) and of ``dtype``."""
+    if not sp.issparse(X):
+        X = sp.csr_matrix(np.asarray(X))
+    elif X.format != "csr":
+        X = X.tocsr()  # a new matrix
+    if not X.has_canonical_format:
+        X = X.copy()  # never sort the user's matrix in place
+        X.sum_duplicates()
+    if dtype is not None and X.dtype != dtype:
+        X = X.astype(dtype)
+    return X
+
+
+def _check_fit_data(est, X, y, sample_weight, *, reset=True, y_numeric=False):
+    """Validate ``X``, ``y`` and ``sample_weight`` for fit / partial_fit.
+
+    Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D) and the
+    sample weights as a new float64 array (ones when ``None``).
+    """
+    X, y, sample_weight = (_to_host_if_cupy(a) for a in (X, y, sample_weight))
+    X, y = validate_data(
+        est,
+        X,
+        y,
+        reset=reset,
+        accept_sparse=ACCEPT_SPARSE,
+        dtype=DTYPES,
+        accept_large_sparse=True,
+        y_numeric=y_numeric,
+    )
+    sw = _check_sample_weight(
+        sample_weight, X, dtype=np.float64, ensure_non_negative=True
+    )
+    sw = np.array(sw, dtype=np.float64)  # our own copy, whatever was passed
+    if not sw.sum() > 0:
+        raise ValueError(
+            "The sum of sample_weight must be positive; got all-zero weights."
+        )
+    return X, y, sw
+
+
+def _check_predict_data(est, X):
+    """Validate ``X`` for prediction (the estimator is already fitted)."""
+    X = _to_host_if_cupy(X)
+    return validate_data(
+        est,
+        X,
+        reset=False,
+        accept_sparse=ACCEPT_SPARSE,
+        dtype=DTYPES,
+        accept_large_sparse=True,
+    )
+
+
+def _seeds(random_state, n=4):
+    """``n`` independent integer seeds drawn from ``random_state``."""
+    rs = check_random_state(random_state)
+    return [int(s) for s in rs.randint(0, np.iinfo(np.int32).max, size=n)]
+
+
+# --------------------------------------------------------------------------
+# device
+# --------------------------------------------------------------------------
+def _fit_device(device, X):
+    """Resolve the ``device`` parameter; return ``(device_, backend)``."""
+    device_ = _device.resolve_device(device, X)
+    return device_, get_backend(device_)
+
+
+def _predict_backend(device_):
+    """The backend to predict with: the model's GPU when it is usable here,
+    else the CPU (a model fitted on a GPU predicts on a machine without one)."""
+    if isinstance(device_, str) and device_.startswith("cuda"):
+        idx = int(device_.split(":")[1]) if ":" in device_ else 0
+        if _device.cuda_device_count() > idx:
+            try:
+                return get_backend(device_)
+            except ImportError:
+                pass
+    return get_backend("cpu")
+
+
+# --------------------------------------------------------------------------
+# mini-batch training
+# --------------------------------------------------------------------------
+def _validation_split(n_samples, validation_fraction, stratify, seed):
+    """Indices ``(train, validation)`` for early stopping.
+
+    Stratified on ``stratify`` (class indices) for classifiers.
+    """
+    n_val = int(np.ceil(validation_fraction * n_samples))
+    if stratify is not None:
+        n_classes = np.unique(stratify).size
+        splitter = StratifiedShuffleSplit(
+            test_size=validation_fraction, random_state=seed
+        )
+    else:
+        n_classes = 1
+        splitter = ShuffleSplit(test_size=validation_fraction, random_state=seed)
+    if n_val < n_classes or n_samples - n_val < n_classes:
+        raise ValueError(
+            f"The validation set of early stopping (validation_fraction="
+            f"{validation_fraction}) would have {n_val} of {n_samples} samples; "
+            f"both it and the training set need at least {n_classes} sample(s). "
+            "Increase validation_fraction, or set early_stopping=False."
+        )
+    idx = np.zeros(n_samples) if stratify is None else stratify
+    train, val = next(splitter.split(np.zeros((n_samples, 1)), idx))
+    return np.sort(train), np.sort(val)
+
+
+def _make_layout(X_csr, params, *, backend, n_outputs, n_factors, batch_size,
+                 shuffle, seed):
+    """The tiled training layout, with tile sizes from the backend."""
+    sb, nh = backend.tile_shape(params, n_outputs, n_factors, batch_size)
+    return backend.build_layout(
+        X_csr,
+        batch_size=batch_size,
+        sample_block=sb,
+        n_hot_max=nh,
+        shuffle=shuffle,
+        random_state=seed,
+        dtype=COMPUTE_DTYPE,
+    )
+
+
+def _run_minibatch(layout, y, sw, state, params, *, backend, max_iter, tol,
+                   n_iter_no_change, shuffle, seed, validation, verbose,
+                   fresh=True):
+    """One call of :func:`~sklearn_cuwide._solvers.fit_minibatch`.
+
+    ``fresh``: the model starts from its initial values, so on the GPU the
+    first epoch warms the concurrency up (see the CUDA backend's ``ramp``).
+    """
+    first = None
+    if fresh and getattr(backend, "name", "cpu") == "cuda":
+        first = {"ramp": backend.default_ramp(params)}
+    return fit_minibatch(
+        layout,
+        y,
+        sw,
+        state,
+        params,
+        backend=backend,
+        max_iter=max_iter,
+        tol=tol,
+        n_iter_no_change=n_iter_no_change,
+        shuffle=shuffle,
+        random_state=seed,
+        validation=validation,
+        verbose=verbose,
+        first_epoch_options=first,
+    )
+
+
+def _optimizer_arrays(state):
+    """The optimiser's accumulators of a state (numpy), for warm starts."""
+    return {k: getattr(state, k) for k in ("gw", "gV", "gb")}
+
+
+def _restore_accumulators(state, saved):
+    """Put saved Adagrad accumulators into ``state`` where shapes match."""
+    if not saved:
+        return state
+    for k in ("gw", "gV", "gb"):
+        cur = getattr(state, k)
+        old = saved.get(k)
+        if cur is not None and old is not None and old.shape == cur.shape:
+            setattr(state, k, np.array(old, dtype=cur.dtype))
+    return state
+
+
+#: curvature bound of each loss (the largest second derivative per unit of
+#: ``||x||^2``): the full-batch gradient is Lipschitz with constant
+#: ``curvature * lambda_max(X' diag(s) X / S)``
+_CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
+
+
+def _sgd_auto_learning_rate(X, sw, *, loss, fit_intercept, n_iter=30,
+                            max_rows=100_000, seed=0):
+    """``1 / L`` with ``L`` the Lipschitz constant of the mean loss's gradient.
+
+    ``lambda_max`` of the weighted second-moment matrix of ``X`` (with a
+    column of ones for the intercept) comes from a few power iterations on
+    at most ``max_rows`` rows.  On one-hot click data it is small (the
+    features hardly overlap) and the step large; on dense correlated data
+    it is large and the step small, so plain sgd is stable on both.
+    """
+    X = _as_csr(X)
+    sw = np.asarray(sw, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    if X.shape[0] > max_rows:
+        rows = np.sort(rng.choice(X.shape[0], size=max_rows, replace=False))
+        X, sw = X[rows], sw[rows]
+    S = sw.sum()
+    d = X.shape[1]
+    v = rng.standard_normal(d + 1)
+    if not fit_intercept:
+        v[d] = 0.0
+    lam = 0.0
+    for _ in range(n_iter):
+        u = X @ v[:d] + v[d]
+        u *= sw / S
+        g = np.empty_like(v)
+        g[:d] = X.T @ u
+        g[d] = u.sum() if fit_intercept else 0.0
+        lam = float(np.linalg.norm(g))
+        if not lam > 0:
+            break
+        v = g / lam
+    lam = max(lam, 1e-12)
+    return 1.0 / (_CURVATURE[loss] * lam)
+
+
+def _logit_prior(y01, sw):
+    """log(p / (1 - p)) of the weighted positive rate (clipped)."""
+    p = float(np.dot(sw, y01) / sw.sum())
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+# --------------------------------------------------------------------------
+# prediction
+# --------------------------------------------------------------------------
+def _decision_values(backend, X, heads, *, fit_linear=True, gpu_cache=None):
+    """Decision values (n_samples, sum of outputs), numpy float64.
+
+    ``heads`` is a list of ``(w (n_features, n_outputs), b (n_outputs,),
+    V or None)`` in the user's feature order; their decision values are
+    stacked column-wise (one head for LR, one per class for one-vs-rest FM).
+    ``gpu_cache``, when given, holds the heads already on the device.
+    """
+    if backend.name == "cpu":
+        cols = [
+            backend.decision_function(X, w, b, V, fit_linear=fit_linear)
+            for w, b, V in heads
+        ]
+    else:
+        Xd = backend.put_csr(_as_csr(X))
+        dev_heads = gpu_cache if gpu_cache is not None else _heads_to_device(
+            backend, heads
+        )
+        cols = [
+            np.asarray(
+                backend.to_host(
+                    backend.decision_function(Xd, w, b, V, fit_linear=fit_linear)
+                ),
+                dtype=np.float64,
+            )
+            for w, b, V in dev_heads
+        ]
+    return cols[0] if len(cols) == 1 else np.hstack(cols)
+
+
+def _heads_to_device(backend, heads):
+    return [
+        (
+            backend.to_device(np.ascontiguousarray(w)),
+            backend.to_device(np.ascontiguousarray(b)),
+            None if V is None else backend.to_device(np.ascontiguousarray(V)),
+        )
+        for w, b, V in heads
+    ]
+
+
+class _CuWideEstimator(BaseEstimator):
+    """Base of the estimators: the prediction backend and pickling.
+
+    A fit on a GPU may keep the model's arrays on the device in attributes
+    whose names start with ``_gpu``; they are never pickled.
+    """
+
+    def _heads(self):  # pragma: no cover - abstract
+        """``[(w, b, V), ...]`` from the public fitted attributes."""
+        raise NotImplementedError
+
+    def _public_arrays(self):  # pragma: no cover - abstract
+        """The public fitted arrays the heads are made of."""
+        raise NotImplementedError
+
+    def _set_gpu_cache(self, backend):
+        """After a fit on a GPU: keep the fitted arrays on the device.
+
+        The cache is used while the public fitted arrays are the very
+        objects it was made from (assigning a new ``coef_`` drops it).
+        """
+        if backend.name == "cpu":
+            self.__dict__.pop("_gpu_cache", None)
+            return
+        self._gpu_cache = {
+            "src": self._public_arrays(),
+            "heads": _heads_to_device(backend, self._heads()),
+        }
+
+    def _valid_gpu_cache(self):
+        cache = self.__dict__.get("_gpu_cache")
+        if cache is None:
+            return None
+        src = self._public_arrays()
+        if len(src) != len(cache["src"]) or any(
+            a is not b for a, b in zip(src, cache["src"])
+        ):
+            return None
+        return cache["heads"]
+
+    def _decision(self, X):
+        """Decision values (n_samples, n_outputs) of validated ``X``.
+
+        On the device the model was fitted on when it is usable here, on the
+        CPU otherwise or when ``device="cpu"`` is set now.
+        """
+        device = getattr(self, "device_", "cpu")
+        if isinstance(self.device, str) and self.device.strip().lower() == "cpu":
+            device = "cpu"
+        backend = _predict_backend(device)
+        cache = None if backend.name == "cpu" else self._valid_gpu_cache()
+        return _decision_values(backend, X, self._heads(), gpu_cache=cache)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        return {k: v for k, v in state.items() if not k.startswith("_gpu")}
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags

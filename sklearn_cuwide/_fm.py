@@ -1,0 +1,707 @@
+"""Factorization machines (order 2): GPUFactorizationMachine (logistic loss)
+and GPUFactorizationMachineRegressor (squared loss)."""
+
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import expit, log_expit, logsumexp
+from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import (
+    _check_partial_fit_first_call,
+    check_classification_targets,
+)
+from sklearn.utils.validation import check_is_fitted
+
+from ._base import (
+    COMPUTE_DTYPE,
+    _as_csr,
+    _check_fit_data,
+    _check_predict_data,
+    _CuWideEstimator,
+    _fit_device,
+    _logit_prior,
+    _make_layout,
+    _optimizer_arrays,
+    _restore_accumulators,
+    _run_minibatch,
+    _seeds,
+    _sgd_auto_learning_rate,
+    _validation_split,
+)
+from ._state import ModelState, StepParams
+
+__all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
+
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+_ADAGRAD_AUTO_LEARNING_RATE = 0.1
+
+_FM_PARAMS_DOC = """
+    n_factors : int, default=8
+        Length of each feature's factor vector (the rank of the pairwise
+        interactions).
+    alpha : float, default=1e-4
+        L2 penalty on the linear weights (per mini-batch, on the features
+        the mini-batch contains).
+    beta : float, default=1e-3
+        L2 penalty on the factors (likewise).  Rows with many nonzeros
+        (many pairwise terms) need more; few-field data such as user x item
+        ratings does better with less (e.g. 3e-4).
+    fit_linear : bool, default=True
+        Fit the linear term; when False ``coef_`` stays zero.
+    fit_intercept : bool, default=True
+        Fit an unregularised intercept.
+    init_scale : float, default=0.01
+        Standard deviation of the random normal initial factors.
+    solver : {"sgd", "adagrad"}, default="adagrad"
+        cuWide's mini-batch solvers over the tiled layout.
+    batch_size : int, default=1024
+        Rows per mini-batch.
+    learning_rate : "auto" or float, default="auto"
+        Step size.  ``"auto"``: 0.1 for ``"adagrad"``; for ``"sgd"``,
+        ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
+        full-batch gradient, estimated from ``X`` by power iterations.
+    max_iter : int, default=100
+        Most epochs.
+    tol : float or None, default=1e-4
+        Stop when the training loss (the validation loss with
+        ``early_stopping``) has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs; None runs ``max_iter`` epochs.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the training data and monitor
+        its loss.
+    validation_fraction : float in (0, 1), default=0.1
+        Share of the training data held out for early stopping.
+    n_iter_no_change : int, default=5
+        Epochs without improvement before stopping.
+    shuffle : bool, default=True
+        Shuffle the rows once and the order of the mini-batches every epoch.
+    warm_start : bool, default=False
+        Start from the previous fit's model (and Adagrad's accumulators)
+        when the shapes match.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the factors' initialisation, the shuffling and the validation
+        split.
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
+        Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
+        ``"cuda"`` without a usable GPU raises.
+    verbose : int, default=0
+        Above 0, print one line per epoch: loss, validation loss, samples per
+        second.
+"""
+
+
+def _fm_doc(cls):
+    """Put the shared parameter docs into a class docstring."""
+    if cls.__doc__:  # None under python -OO
+        cls.__doc__ = cls.__doc__.replace(
+            "    %(fm_params)s\n", _FM_PARAMS_DOC.lstrip("\n")
+        )
+    return cls
+
+
+class _BaseFM(_CuWideEstimator):
+    """Shared machinery of the two factorization machines.
+
+    The model of one output is::
+
+        f(x) = b + <w, x> + sum_{j < k} <v_j, v_k> x_j x_k
+
+    trained by mini-batch sgd or adagrad with the objective of
+    :class:`~sklearn_cuwide._state.StepParams`.
+    """
+
+    _parameter_constraints: dict = {
+        "n_factors": [Interval(Integral, 1, None, closed="left")],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "beta": [Interval(Real, 0, None, closed="left")],
+        "fit_linear": ["boolean"],
+        "fit_intercept": ["boolean"],
+        "init_scale": [Interval(Real, 0, None, closed="left")],
+        "solver": [StrOptions({"sgd", "adagrad"})],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [
+            StrOptions({"auto"}),
+            Interval(Real, 0, None, closed="neither"),
+        ],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left"), None],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "warm_start": ["boolean"],
+        "random_state": ["random_state"],
+        "device": [str],
+        "verbose": ["verbose"],
+    }
+
+    def __init__(
+        self,
+        *,
+        n_factors=8,
+        alpha=1e-4,
+        beta=1e-3,
+        fit_linear=True,
+        fit_intercept=True,
+        init_scale=0.01,
+        solver="adagrad",
+        batch_size=1024,
+        learning_rate="auto",
+        max_iter=100,
+        tol=1e-4,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        shuffle=True,
+        warm_start=False,
+        random_state=None,
+        device="auto",
+        verbose=0,
+    ):
+        self.n_factors = n_factors
+        self.alpha = alpha
+        self.beta = beta
+        self.fit_linear = fit_linear
+        self.fit_intercept = fit_intercept
+        self.init_scale = init_scale
+        self.solver = solver
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.max_iter = max_iter
+        self.tol = tol
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.warm_start = warm_start
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+    # subclasses: the loss, the targets of the heads and the fitted shapes
+    _loss = None
+
+    def _learning_rate(self, X, sw):
+        if self.learning_rate != "auto":
+            return float(self.learning_rate)
+        if self.solver == "sgd":
+            return _sgd_auto_learning_rate(
+                X, sw, loss=self._loss, fit_intercept=self.fit_intercept
+            )
+        return _ADAGRAD_AUTO_LEARNING_RATE
+
+    def _warm_states(self, n_features, n_heads):
+        """One ModelState per head from the fitted model, or None."""
+        if not hasattr(self, "coef_"):
+            return None
+        heads = self._heads()
+        if len(heads) != n_heads:
+            return None
+        saved = getattr(self, "_optimizer_state", None) or [None] * n_heads
+        states = []
+        for (w, b, V), acc in zip(heads, saved):
+            if w.shape[0] != n_features or V.shape[1] != self.n_factors:
+                return None
+            st = ModelState.zeros(
+                n_features, 1, self.n_factors, adagrad=self.solver == "adagrad",
+                dtype=COMPUTE_DTYPE,
+            )
+            st.w[:] = w
+            st.b[:] = b
+            st.V[:] = V
+            states.append(_restore_accumulators(st, acc))
+        return states
+
+    def _intercept_init(self, t, sw):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, max_iter,
+                   partial):
+        """Train one FM per target vector on a shared layout.
+
+        Returns a list of ``(state, n_iter, loss_curve)``.
+        """
+        n_samples, n_features = X.shape
+        seed_split, seed_layout, seed_epochs, seed_init = _seeds(self.random_state)
+        X = _as_csr(X)
+        tr = va = None
+        Xv = None
+        if self.early_stopping and not partial:
+            tr, va = _validation_split(
+                n_samples, self.validation_fraction, stratify, seed_split
+            )
+            Xv, swv = X[va], sw[va]
+            X, sw = X[tr], sw[tr]
+        params = StepParams(
+            model="fm",
+            loss=self._loss,
+            solver=self.solver,
+            learning_rate=self._learning_rate(X, sw),
+            l2_w=float(self.alpha),
+            l2_v=float(self.beta),
+            fit_intercept=self.fit_intercept,
+            fit_linear=self.fit_linear,
+        )
+        layout = _make_layout(
+            X, params, backend=backend, n_outputs=1, n_factors=self.n_factors,
+            batch_size=self.batch_size, shuffle=self.shuffle, seed=seed_layout,
+        )
+        results = []
+        for k, t in enumerate(targets):
+            t = np.asarray(t, dtype=np.float64)
+            validation = None
+            if va is not None:
+                validation = (Xv, t[va], swv)
+                t = t[tr]
+            if warm is not None:
+                state = warm[k]
+            else:
+                state = ModelState.zeros(
+                    n_features,
+                    1,
+                    self.n_factors,
+                    adagrad=self.solver == "adagrad",
+                    dtype=COMPUTE_DTYPE,
+                    init_scale=self.init_scale,
+                    random_state=seed_init + k,
+                )
+                if self.fit_intercept:
+                    state.b[:] = self._intercept_init(t, sw)
+            out, n_iter, curve, _ = _run_minibatch(
+                layout,
+                t.astype(COMPUTE_DTYPE),
+                sw,
+                state,
+                params,
+                backend=backend,
+                max_iter=max_iter,
+                tol=None if partial else self.tol,
+                n_iter_no_change=self.n_iter_no_change,
+                shuffle=self.shuffle,
+                seed=seed_epochs + k,
+                validation=validation,
+                verbose=self.verbose,
+                fresh=warm is None,
+            )
+            results.append((out, n_iter, curve))
+        return results
+
+    def _store(self, results, *, partial):
+        """Set the fitted attributes from the heads' results."""
+        W = np.stack([out.w[:, 0] for out, _, _ in results])
+        b = np.concatenate([np.asarray(out.b).ravel() for out, _, _ in results])
+        V = np.stack([out.V for out, _, _ in results])
+        if not self.fit_intercept:
+            b = np.zeros_like(b)
+        self._set_model(W, b.astype(W.dtype), V)
+        n_iter = max(n for _, n, _ in results)
+        length = max(len(c) for _, _, c in results)
+        curve = [
+            float(sum(c[min(e, len(c) - 1)] for _, _, c in results if c))
+            for e in range(length)
+        ]
+        if partial and hasattr(self, "n_iter_"):
+            self.n_iter_ = int(self.n_iter_) + n_iter
+            self.loss_curve_ = list(self.loss_curve_) + curve
+        else:
+            self.n_iter_ = int(n_iter)
+            self.loss_curve_ = curve
+        self._optimizer_state = (
+            [_optimizer_arrays(out) for out, _, _ in results]
+            if self.solver == "adagrad"
+            else None
+        )
+
+    def _public_arrays(self):
+        return (self.coef_, self.intercept_, self.factors_)
+
+
+@_fm_doc
+class GPUFactorizationMachine(ClassifierMixin, _BaseFM):
+    """Factorization machine classifier (order 2, logistic loss).
+
+    Models the log-odds of the positive class as::
+
+        f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
+
+    trained by cuWide's mini-batch solvers on the GPU (on the CPU without
+    one), in float32; float64 input is accepted.  The model is binary at
+    its core: with more than two classes one FM per class is trained
+    one-vs-rest (sharing one training layout), and ``predict_proba``
+    normalises their probabilities so that each row sums to 1.
+
+    Parameters
+    ----------
+    %(fm_params)s
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The class labels.
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+        Linear weights (one row for a binary problem, for ``classes_[1]``;
+        one row per class one-vs-rest otherwise).
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+        Intercepts.
+    factors_ : ndarray of shape (n_features, n_factors) or \
+(n_classes, n_features, n_factors)
+        The factor vectors of the features (per class one-vs-rest when
+        there are more than two classes).
+    n_iter_ : int
+        Epochs run (the most over the classes one-vs-rest).
+    loss_curve_ : list of float
+        Mean training loss of each epoch (one-vs-rest: the sum over the
+        classes).
+    device_ : str
+        The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of the features seen during fit (only when ``X`` has string
+        column names).
+
+    See Also
+    --------
+    GPUFactorizationMachineRegressor : The same model with squared loss.
+    GPULogisticRegression : The linear model alone.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy import sparse
+    >>> from sklearn_cuwide import GPUFactorizationMachine
+    >>> rng = np.random.default_rng(0)
+    >>> X = sparse.random(200, 20, density=0.2, format="csr", random_state=0)
+    >>> y = rng.integers(0, 2, size=200)
+    >>> fm = GPUFactorizationMachine(n_factors=4, max_iter=5, random_state=0,
+    ...                              device="cpu").fit(X, y)
+    >>> fm.factors_.shape
+    (20, 4)
+    >>> fm.predict_proba(X[:3]).shape
+    (3, 2)
+    """
+
+    _loss = "logistic"
+
+    def _intercept_init(self, t, sw):
+        return _logit_prior(t, sw)
+
+    def _targets(self, y_idx):
+        K = self.classes_.size
+        if K == 2:
+            return [(y_idx == 1)]
+        return [(y_idx == k) for k in range(K)]
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Fit the factorization machine.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data; CSR is used as it is.
+        y : array-like of shape (n_samples,)
+            Class labels.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples.
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True)
+        check_classification_targets(y)
+        classes, y_idx = np.unique(y, return_inverse=True)
+        if classes.size < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs samples of at least 2 classes in the "
+                f"data, but the data contains only one class: {classes.tolist()[0]!r}"
+            )
+        n_heads = 1 if classes.size == 2 else classes.size
+        warm = None
+        if (
+            self.warm_start
+            and hasattr(self, "classes_")
+            and np.array_equal(self.classes_, classes)
+        ):
+            warm = self._warm_states(X.shape[1], n_heads)
+        self.classes_ = classes
+        self.device_ = device_
+        results = self._fit_heads(
+            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx,
+            max_iter=self.max_iter, partial=False,
+        )
+        self._store(results, partial=False)
+        self._set_gpu_cache(backend)
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch over ``X``, continuing from the current model.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        classes : array-like of shape (n_classes,), default=None
+            All the classes; required on the first call.
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        first = not hasattr(self, "classes_")
+        if first and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit.")
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first)
+        check_classification_targets(y)
+        _check_partial_fit_first_call(self, classes)
+        if self.classes_.size < 2:
+            cls = self.classes_
+            del self.classes_
+            raise ValueError(
+                f"{type(self).__name__} needs at least 2 classes, got only "
+                f"one class: {cls.tolist()[0]!r}"
+            )
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(
+                f"y contains labels {unknown.tolist()} that are not in classes "
+                f"{self.classes_.tolist()}."
+            )
+        y_idx = np.searchsorted(self.classes_, y)
+        n_heads = 1 if self.classes_.size == 2 else self.classes_.size
+        warm = self._warm_states(X.shape[1], n_heads)
+        self.device_ = device_
+        results = self._fit_heads(
+            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx,
+            max_iter=1, partial=True,
+        )
+        self._store(results, partial=True)
+        self._set_gpu_cache(backend)
+        return self
+
+    def _set_model(self, W, b, V):
+        self.coef_ = W
+        self.intercept_ = b
+        self.factors_ = V[0] if V.shape[0] == 1 else V
+
+    def _heads(self):
+        if self.factors_.ndim == 2:
+            return [(self.coef_[0][:, None], self.intercept_[:1], self.factors_)]
+        return [
+            (self.coef_[k][:, None], self.intercept_[k : k + 1], self.factors_[k])
+            for k in range(self.coef_.shape[0])
+        ]
+
+    def decision_function(self, X):
+        """Log-odds of the positive class (binary) or of each class
+        one-vs-rest (multiclass).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+        """
+        check_is_fitted(self)
+        X = _check_predict_data(self, X)
+        Z = self._decision(X)
+        return Z[:, 0] if Z.shape[1] == 1 else Z
+
+    def predict(self, X):
+        """Predicted class labels.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        Z = self.decision_function(X)
+        idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
+        return self.classes_[idx]
+
+    def predict_proba(self, X):
+        """Class probabilities (rows sum to 1), in the order of ``classes_``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        P = expit(Z)
+        if Z.ndim == 1:
+            return np.column_stack([1.0 - P, P])
+        s = P.sum(axis=1, keepdims=True)
+        s[s == 0] = 1.0
+        return P / s
+
+    def predict_log_proba(self, X):
+        """Logarithms of :meth:`predict_proba`.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        if Z.ndim == 1:
+            return np.column_stack([log_expit(-Z), log_expit(Z)])
+        L = log_expit(Z)
+        return L - logsumexp(L, axis=1, keepdims=True)
+
+
+@_fm_doc
+class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
+    """Factorization machine regressor (order 2, squared loss).
+
+    Predicts::
+
+        f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
+
+    trained by cuWide's mini-batch solvers on the GPU (on the CPU without
+    one), in float32; float64 input is accepted.
+
+    Parameters
+    ----------
+    %(fm_params)s
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+        Linear weights.
+    intercept_ : ndarray of shape (1,)
+        Intercept.
+    factors_ : ndarray of shape (n_features, n_factors)
+        The factor vectors of the features.
+    n_iter_ : int
+        Epochs run.
+    loss_curve_ : list of float
+        Mean training loss (half the squared error) of each epoch.
+    device_ : str
+        The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of the features seen during fit (only when ``X`` has string
+        column names).
+
+    See Also
+    --------
+    GPUFactorizationMachine : The same model for classification.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy import sparse
+    >>> from sklearn_cuwide import GPUFactorizationMachineRegressor
+    >>> X = sparse.random(200, 20, density=0.2, format="csr", random_state=0)
+    >>> y = np.asarray(X.sum(axis=1)).ravel()
+    >>> fm = GPUFactorizationMachineRegressor(n_factors=4, max_iter=5,
+    ...                                       random_state=0, device="cpu")
+    >>> fm.fit(X, y).predict(X[:3]).shape
+    (3,)
+    """
+
+    _loss = "squared"
+
+    def _intercept_init(self, t, sw):
+        return float(np.dot(sw, t) / sw.sum())
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Fit the factorization machine.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data; CSR is used as it is.
+        y : array-like of shape (n_samples,)
+            Targets.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples.
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                   y_numeric=True)
+        warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
+        self.device_ = device_
+        results = self._fit_heads(
+            X, [y], sw, backend, warm, stratify=None, max_iter=self.max_iter,
+            partial=False,
+        )
+        self._store(results, partial=False)
+        self._set_gpu_cache(backend)
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over ``X``, continuing from the current model.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        first = not hasattr(self, "coef_")
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                   y_numeric=True)
+        warm = None if first else self._warm_states(X.shape[1], 1)
+        self.device_ = device_
+        results = self._fit_heads(
+            X, [y], sw, backend, warm, stratify=None, max_iter=1, partial=True,
+        )
+        self._store(results, partial=True)
+        self._set_gpu_cache(backend)
+        return self
+
+    def _set_model(self, W, b, V):
+        self.coef_ = W[0]
+        self.intercept_ = b
+        self.factors_ = V[0]
+
+    def _heads(self):
+        return [(self.coef_[:, None], self.intercept_, self.factors_)]
+
+    def predict(self, X):
+        """Predicted targets.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        check_is_fitted(self)
+        X = _check_predict_data(self, X)
+        return self._decision(X)[:, 0]

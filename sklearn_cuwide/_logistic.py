@@ -1,0 +1,595 @@
+"""GPULogisticRegression: a drop-in for scikit-learn's LogisticRegression."""
+
+import inspect
+import math
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import expit, log_expit, log_softmax, softmax
+from sklearn.base import ClassifierMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Hidden, Interval, StrOptions
+from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import (
+    _check_partial_fit_first_call,
+    check_classification_targets,
+)
+from sklearn.utils.validation import check_is_fitted
+
+from ._base import (
+    COMPUTE_DTYPE,
+    _as_csr,
+    _check_fit_data,
+    _check_predict_data,
+    _CuWideEstimator,
+    _fit_device,
+    _logit_prior,
+    _make_layout,
+    _optimizer_arrays,
+    _restore_accumulators,
+    _run_minibatch,
+    _seeds,
+    _sgd_auto_learning_rate,
+    _validation_split,
+)
+from ._solvers import fit_lbfgs_linear
+from ._state import ModelState, StepParams
+
+__all__ = ["GPULogisticRegression"]
+
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+_ADAGRAD_AUTO_LEARNING_RATE = 0.1
+
+_HAS_CW_SAMPLE_WEIGHT = (
+    "sample_weight" in inspect.signature(compute_class_weight).parameters
+)
+
+
+def _class_weighted(class_weight, classes, y, sample_weight):
+    """``sample_weight`` times the weight of each sample's class (a new array),
+    as scikit-learn's LogisticRegression computes it."""
+    if class_weight is None:
+        return sample_weight
+    kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
+    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
+    return sample_weight * cw[np.searchsorted(classes, y)]
+
+
+def _single_class_error(est, classes):
+    return ValueError(
+        f"{type(est).__name__} needs samples of at least 2 classes in the data, "
+        f"but the data contains only one class: {classes.tolist()[0]!r}"
+    )
+
+
+def _is_minibatch(est):
+    return est.solver != "lbfgs"
+
+
+class GPULogisticRegression(ClassifierMixin, _CuWideEstimator):
+    """Logistic regression on sparse data, on a GPU when there is one.
+
+    A drop-in for :class:`sklearn.linear_model.LogisticRegression`: the same
+    objective, parameter names and fitted attributes, plus cuWide's
+    mini-batch solvers.  Binary problems fit one logistic model; multiclass
+    problems a multinomial (softmax) model, as scikit-learn does.
+
+    The model minimises, with ``s`` the sample weights (times the class
+    weights) and ``S = sum(s)``::
+
+        1 / S * sum_i s_i * loss(y_i, X_i W + b)
+            + (1 - l1_ratio) / (2 C S) * ||W||_2^2 + l1_ratio / (C S) * ||W||_1
+
+    Computation is in float32 (what the GPU runs; ``"lbfgs"`` accumulates in
+    float64); float64 input is accepted.
+
+    Parameters
+    ----------
+    penalty : {"l1", "l2", "elasticnet"} or None, default="deprecated"
+        Deprecated in scikit-learn 1.8 and accepted here the way it is there:
+        leave it alone and use ``l1_ratio`` and ``C`` (``C=np.inf`` for no
+        penalty).  When given it wins over ``l1_ratio`` (``"elasticnet"``
+        uses ``l1_ratio``) and a ``FutureWarning`` is issued.
+    C : float, default=1.0
+        Inverse of the regularisation strength; ``np.inf`` for none.
+    l1_ratio : float in [0, 1], default=0.0
+        Elastic-net mixing: 0 is L2, 1 is L1.  The L1 part needs a mini-batch
+        solver (proximal steps); ``"lbfgs"`` raises a ``ValueError`` as
+        scikit-learn's does.
+    fit_intercept : bool, default=True
+        Fit an unregularised intercept.
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes, multiplied into ``sample_weight`` as
+        scikit-learn's LogisticRegression does.
+    tol : float, default=1e-4
+        ``"lbfgs"``: stop when the largest gradient entry is at most ``tol``.
+        Mini-batch solvers: stop when the training loss (the validation loss
+        with ``early_stopping``) has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs.
+    max_iter : int, default=100
+        Most L-BFGS iterations, or most epochs of a mini-batch solver.
+    warm_start : bool, default=False
+        Start from the previous fit's coefficients (and Adagrad's
+        accumulators) when their shapes match.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the row shuffling, the epoch order and the validation split of
+        the mini-batch solvers (``"lbfgs"`` is deterministic).
+    verbose : int, default=0
+        Above 0, print one line per epoch (loss, validation loss, samples per
+        second) or per L-BFGS iteration.
+    solver : {"lbfgs", "sgd", "adagrad"}, default="lbfgs"
+        ``"lbfgs"``: full batch, the same optimum as scikit-learn's
+        LogisticRegression for the same ``C``.  ``"sgd"`` and ``"adagrad"``:
+        cuWide's mini-batch solvers over the tiled layout.
+    batch_size : int, default=1024
+        Rows per mini-batch (mini-batch solvers).
+    learning_rate : "auto" or float, default="auto"
+        Step size of the mini-batch solvers.  ``"auto"``: 0.1 for
+        ``"adagrad"``; for ``"sgd"``, ``1 / L`` with ``L`` the Lipschitz
+        constant of the full-batch gradient, estimated from ``X`` by a few
+        power iterations (large steps on one-hot click data, small ones on
+        dense correlated data).
+    shuffle : bool, default=True
+        Shuffle the rows once and the order of the mini-batches every epoch.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the training data (stratified)
+        and stop when its loss stops improving (mini-batch solvers).
+    validation_fraction : float in (0, 1), default=0.1
+        Share of the training data held out for early stopping.
+    n_iter_no_change : int, default=5
+        Epochs without improvement before stopping (mini-batch solvers).
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
+        Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
+        ``"cuda"`` without a usable GPU raises.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The class labels.
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+        Coefficients (one row for a binary problem, for ``classes_[1]``).
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+        Intercepts (zeros when ``fit_intercept=False``).
+    n_iter_ : ndarray of shape (1,)
+        L-BFGS iterations, or epochs run by a mini-batch solver.
+    loss_curve_ : list of float
+        The objective after each L-BFGS iteration, or the mean training loss
+        of each epoch.
+    device_ : str
+        The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of the features seen during fit (only when ``X`` has string
+        column names).
+
+    See Also
+    --------
+    sklearn.linear_model.LogisticRegression : The CPU reference.
+    GPUFactorizationMachine : Adds pairwise interactions of the features.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy import sparse
+    >>> from sklearn_cuwide import GPULogisticRegression
+    >>> X = sparse.csr_matrix(np.array([[1., 0.], [0., 1.], [1., 1.], [0., 0.]]))
+    >>> y = np.array([1, 0, 1, 0])
+    >>> clf = GPULogisticRegression(C=10.0, device="cpu").fit(X, y)
+    >>> clf.predict(X)
+    array([1, 0, 1, 0])
+    >>> clf.predict_proba(X).shape
+    (4, 2)
+    """
+
+    _parameter_constraints: dict = {
+        "penalty": [
+            StrOptions({"l1", "l2", "elasticnet"}),
+            None,
+            Hidden(StrOptions({"deprecated"})),
+        ],
+        "C": [Interval(Real, 0, None, closed="right")],
+        "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
+        "fit_intercept": ["boolean"],
+        "class_weight": [dict, StrOptions({"balanced"}), None],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "warm_start": ["boolean"],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+        "solver": [StrOptions({"lbfgs", "sgd", "adagrad"})],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [
+            StrOptions({"auto"}),
+            Interval(Real, 0, None, closed="neither"),
+        ],
+        "shuffle": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "device": [str],
+    }
+
+    def __init__(
+        self,
+        penalty="deprecated",
+        *,
+        C=1.0,
+        l1_ratio=0.0,
+        fit_intercept=True,
+        class_weight=None,
+        tol=1e-4,
+        max_iter=100,
+        warm_start=False,
+        random_state=None,
+        verbose=0,
+        solver="lbfgs",
+        batch_size=1024,
+        learning_rate="auto",
+        shuffle=True,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        device="auto",
+    ):
+        self.penalty = penalty
+        self.C = C
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.class_weight = class_weight
+        self.tol = tol
+        self.max_iter = max_iter
+        self.warm_start = warm_start
+        self.random_state = random_state
+        self.verbose = verbose
+        self.solver = solver
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.device = device
+
+    # ------------------------------------------------------------------
+    # parameters
+    # ------------------------------------------------------------------
+    def _regularization(self):
+        """``(C, l1_ratio)`` after resolving ``penalty`` as scikit-learn does."""
+        C, l1_ratio = float(self.C), self.l1_ratio
+        if self.penalty == "deprecated":
+            if l1_ratio is None:
+                warnings.warn(
+                    "'l1_ratio=None' is deprecated (as in scikit-learn 1.8); use "
+                    "0 <= l1_ratio <= 1 instead. Using l1_ratio=0.",
+                    FutureWarning,
+                )
+                l1_ratio = 0.0
+            return C, float(l1_ratio)
+        warnings.warn(
+            "'penalty' is deprecated (as in scikit-learn 1.8). Leave it at its "
+            "default and use l1_ratio=0 instead of penalty='l2', l1_ratio=1 "
+            "instead of penalty='l1', 0 < l1_ratio < 1 instead of "
+            "penalty='elasticnet', and C=np.inf instead of penalty=None.",
+            FutureWarning,
+        )
+        if self.penalty is None:
+            return math.inf, 0.0
+        if self.penalty == "l2":
+            return C, 0.0
+        if self.penalty == "l1":
+            return C, 1.0
+        if l1_ratio is None:
+            raise ValueError("l1_ratio must be specified when penalty is elasticnet.")
+        return C, float(l1_ratio)
+
+    def _learning_rate(self, X, sw, loss):
+        if self.learning_rate != "auto":
+            return float(self.learning_rate)
+        if self.solver == "sgd":
+            return _sgd_auto_learning_rate(
+                X, sw, loss=loss, fit_intercept=self.fit_intercept
+            )
+        return _ADAGRAD_AUTO_LEARNING_RATE
+
+    # ------------------------------------------------------------------
+    # fit
+    # ------------------------------------------------------------------
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model on training data.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data; CSR is used as it is (CSC and COO are converted).
+        y : array-like of shape (n_samples,)
+            Class labels.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples.
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        C, l1_ratio = self._regularization()
+        if self.solver == "lbfgs" and l1_ratio > 0 and math.isfinite(C):
+            penalty = "l1" if l1_ratio == 1 else "elasticnet"
+            raise ValueError(
+                f"Solver lbfgs supports only 'l2' or None penalties, got {penalty} "
+                "penalty (l1_ratio > 0). Use solver='sgd' or solver='adagrad' "
+                "for an L1 or elastic-net penalty."
+            )
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True)
+        check_classification_targets(y)
+        classes, y_idx = np.unique(y, return_inverse=True)
+        if classes.size < 2:
+            raise _single_class_error(self, classes)
+        sw = _class_weighted(self.class_weight, classes, y, sw)
+        if not sw.sum() > 0:
+            raise ValueError("The sample weights times the class weights sum to 0.")
+        warm = self._warm_arrays(X.shape[1], classes)
+        self.classes_ = classes
+        self.device_ = device_
+        if self.solver == "lbfgs":
+            self._fit_lbfgs(X, y_idx, sw, C, backend, warm)
+        else:
+            self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                max_iter=self.max_iter, partial=False)
+        self._set_gpu_cache(backend)
+        return self
+
+    @available_if(_is_minibatch)
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch of the mini-batch solver over ``X`` (``"sgd"``, ``"adagrad"``).
+
+        Continues from the current model (and Adagrad's accumulators).  The
+        regularisation of this call uses the total sample weight of ``X``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        classes : array-like of shape (n_classes,), default=None
+            All the classes; required on the first call.
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        if self.class_weight == "balanced":
+            raise ValueError(
+                "class_weight='balanced' is not supported by partial_fit: compute "
+                "the weights once with sklearn.utils.class_weight."
+                "compute_class_weight('balanced', classes=classes, y=y) on a "
+                "large enough sample of y and pass them as a dict."
+            )
+        C, l1_ratio = self._regularization()
+        first = not hasattr(self, "classes_")
+        if first and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit.")
+        device_, backend = _fit_device(self.device, X)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first)
+        check_classification_targets(y)
+        _check_partial_fit_first_call(self, classes)
+        if self.classes_.size < 2:
+            cls = self.classes_
+            del self.classes_
+            raise _single_class_error(self, cls)
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(
+                f"y contains labels {unknown.tolist()} that are not in classes "
+                f"{self.classes_.tolist()}."
+            )
+        y_idx = np.searchsorted(self.classes_, y)
+        sw = _class_weighted(self.class_weight, self.classes_, y, sw)
+        warm = self._warm_arrays(X.shape[1], self.classes_, force=True)
+        self.device_ = device_
+        self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm,
+                            max_iter=1, partial=True)
+        self._set_gpu_cache(backend)
+        return self
+
+    def _warm_arrays(self, n_features, classes, force=False):
+        """``(coef, intercept, accumulators)`` to start from, or None."""
+        if not (self.warm_start or force) or not hasattr(self, "coef_"):
+            return None
+        n_out = 1 if classes.size == 2 else classes.size
+        if self.coef_.shape != (n_out, n_features) or not np.array_equal(
+            self.classes_, classes
+        ):
+            return None
+        return self.coef_, self.intercept_, getattr(self, "_optimizer_state", None)
+
+    def _fit_lbfgs(self, X, y_idx, sw, C, backend, warm):
+        n_classes = self.classes_.size
+        D = 1 if n_classes == 2 else n_classes
+        Xc = _as_csr(X, COMPUTE_DTYPE)
+        coef, intercept, n_iter, curve = fit_lbfgs_linear(
+            backend.put_csr(Xc),
+            y_idx.astype(np.float64),
+            sw,
+            loss="logistic" if D == 1 else "multinomial",
+            n_outputs=D,
+            C=C,
+            fit_intercept=self.fit_intercept,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            backend=backend,
+            coef_init=None if warm is None else warm[0],
+            intercept_init=None if warm is None else warm[1],
+            verbose=self.verbose,
+        )
+        if self.max_iter > 0 and n_iter >= self.max_iter:
+            warnings.warn(
+                f"lbfgs failed to converge after {n_iter} iteration(s) "
+                f"(max_iter={self.max_iter}). Increase max_iter or scale the data.",
+                ConvergenceWarning,
+            )
+        self.coef_ = np.asarray(coef, dtype=np.float64)
+        self.intercept_ = np.asarray(intercept, dtype=np.float64)
+        self.n_iter_ = np.array([n_iter], dtype=np.int32)
+        self.loss_curve_ = [float(v) for v in curve]
+        self._optimizer_state = None
+
+    def _fit_minibatch(self, X, y_idx, sw, C, l1_ratio, backend, warm, *,
+                       max_iter, partial):
+        n_samples, n_features = X.shape
+        n_classes = self.classes_.size
+        D = 1 if n_classes == 2 else n_classes
+        loss = "logistic" if D == 1 else "multinomial"
+        seed_split, seed_layout, seed_epochs, _ = _seeds(self.random_state)
+        X = _as_csr(X)
+        validation = None
+        early = self.early_stopping and not partial
+        if early:
+            tr, va = _validation_split(
+                n_samples, self.validation_fraction, y_idx, seed_split
+            )
+            validation = (X[va], y_idx[va].astype(np.float64), sw[va])
+            X, y_idx, sw = X[tr], y_idx[tr], sw[tr]
+        S = float(sw.sum())
+        if math.isfinite(C):
+            l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
+        else:
+            l2_w, l1 = 0.0, 0.0
+        params = StepParams(
+            model="linear",
+            loss=loss,
+            solver=self.solver,
+            learning_rate=self._learning_rate(X, sw, loss),
+            l2_w=l2_w,
+            l1=l1,
+            fit_intercept=self.fit_intercept,
+        )
+        state = ModelState.zeros(
+            n_features, D, adagrad=self.solver == "adagrad", dtype=COMPUTE_DTYPE
+        )
+        if warm is not None:
+            state.w[:] = np.asarray(warm[0]).T
+            state.b[:] = warm[1]
+            _restore_accumulators(state, warm[2])
+        elif self.fit_intercept:
+            state.b[:] = _intercept_prior(y_idx, sw, D)
+        layout = _make_layout(
+            X, params, backend=backend, n_outputs=D, n_factors=0,
+            batch_size=self.batch_size, shuffle=self.shuffle, seed=seed_layout,
+        )
+        out, n_iter, curve, _ = _run_minibatch(
+            layout,
+            y_idx.astype(COMPUTE_DTYPE),
+            sw,
+            state,
+            params,
+            backend=backend,
+            max_iter=max_iter,
+            tol=None if partial else self.tol,
+            n_iter_no_change=self.n_iter_no_change,
+            shuffle=self.shuffle,
+            seed=seed_epochs,
+            validation=validation,
+            verbose=self.verbose,
+            fresh=warm is None,
+        )
+        self.coef_ = np.ascontiguousarray(out.w.T)
+        self.intercept_ = np.array(out.b) if self.fit_intercept else np.zeros(
+            D, dtype=COMPUTE_DTYPE
+        )
+        if partial and hasattr(self, "n_iter_"):
+            self.n_iter_ = self.n_iter_ + n_iter
+            self.loss_curve_ = list(self.loss_curve_) + list(curve)
+        else:
+            self.n_iter_ = np.array([n_iter], dtype=np.int32)
+            self.loss_curve_ = [float(v) for v in curve]
+        self._optimizer_state = (
+            _optimizer_arrays(out) if self.solver == "adagrad" else None
+        )
+
+    # ------------------------------------------------------------------
+    # predict
+    # ------------------------------------------------------------------
+    def _public_arrays(self):
+        return (self.coef_, self.intercept_)
+
+    def _heads(self):
+        return [(self.coef_.T, self.intercept_, None)]
+
+    def decision_function(self, X):
+        """Decision values (log-odds, or per-class scores when multiclass).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+        """
+        check_is_fitted(self)
+        X = _check_predict_data(self, X)
+        Z = self._decision(X)
+        return Z[:, 0] if Z.shape[1] == 1 else Z
+
+    def predict(self, X):
+        """Predicted class labels.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        Z = self.decision_function(X)
+        idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
+        return self.classes_[idx]
+
+    def predict_proba(self, X):
+        """Probabilities of the classes, in the order of ``classes_``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        if Z.ndim == 1:
+            p = expit(Z)
+            return np.column_stack([1.0 - p, p])
+        return softmax(Z, axis=1)
+
+    def predict_log_proba(self, X):
+        """Logarithms of the class probabilities.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        if Z.ndim == 1:
+            return np.column_stack([log_expit(-Z), log_expit(Z)])
+        return log_softmax(Z, axis=1)
+
+
+def _intercept_prior(y_idx, sw, n_outputs):
+    """Intercepts of the weighted class prior (the model with zero weights)."""
+    if n_outputs == 1:
+        return _logit_prior((y_idx == 1).astype(np.float64), sw)
+    p = np.bincount(y_idx, weights=sw, minlength=n_outputs) / sw.sum()
+    lp = np.log(np.clip(p, 1e-6, None))
+    return lp - lp.mean()

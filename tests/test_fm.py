@@ -1,0 +1,238 @@
+"""The factorization machines on the CPU: the model they predict with, what
+they learn, and their fit options."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.linear_model import Ridge
+from sklearn.metrics import roc_auc_score
+
+from sklearn_cuwide import (
+    GPUFactorizationMachine,
+    GPUFactorizationMachineRegressor,
+    GPULogisticRegression,
+)
+from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
+
+
+def _fm_reference(X, w, b, V):
+    """b + X w + sum_{j<k} <V_j, V_k> x_j x_k, densely in float64."""
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    X = X.astype(np.float64)
+    V = V.astype(np.float64)
+    G = V @ V.T
+    pair = np.einsum("ij,jk,ik->i", X, np.triu(G, k=1), X)
+    return b + X @ w.astype(np.float64) + pair
+
+
+@pytest.fixture(scope="module")
+def small_binary():
+    rng = np.random.default_rng(0)
+    X = sp.random(300, 40, density=0.15, format="csr", random_state=rng)
+    y = (np.asarray(X.sum(axis=1)).ravel() + rng.normal(scale=0.3, size=300) > 0.9)
+    return X, y.astype(np.int64)
+
+
+# --------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------
+def test_classifier_decision_is_the_fm_formula(small_binary):
+    X, y = small_binary
+    fm = GPUFactorizationMachine(n_factors=4, max_iter=5, init_scale=0.3,
+                                 random_state=0, device="cpu").fit(X, y)
+    assert fm.coef_.shape == (1, X.shape[1])
+    assert fm.intercept_.shape == (1,)
+    assert fm.factors_.shape == (X.shape[1], 4)
+    ref = _fm_reference(X, fm.coef_[0], fm.intercept_[0], fm.factors_)
+    assert_allclose(fm.decision_function(X), ref, rtol=1e-6, atol=1e-9)
+    p = 1.0 / (1.0 + np.exp(-ref))
+    assert_allclose(fm.predict_proba(X), np.column_stack([1 - p, p]), atol=1e-9)
+    assert_allclose(fm.predict_log_proba(X), np.log(np.column_stack([1 - p, p])),
+                    rtol=1e-7)
+    assert_array_equal(fm.predict(X), (ref > 0).astype(int))
+
+
+def test_regressor_predict_is_the_fm_formula():
+    X, y = make_ctr_regression(n_samples=500, n_features=300, model="fm",
+                               random_state=0)
+    fm = GPUFactorizationMachineRegressor(n_factors=3, max_iter=3, random_state=0,
+                                          device="cpu").fit(X, y)
+    assert fm.coef_.shape == (300,)
+    assert fm.intercept_.shape == (1,)
+    assert fm.factors_.shape == (300, 3)
+    ref = _fm_reference(X, fm.coef_, fm.intercept_[0], fm.factors_)
+    assert_allclose(fm.predict(X), ref, rtol=1e-6, atol=1e-9)
+
+
+def test_multiclass_one_vs_rest(small_binary):
+    X, y = small_binary
+    rng = np.random.default_rng(1)
+    y3 = np.where(y == 1, 2, rng.integers(0, 2, y.size))
+    fm = GPUFactorizationMachine(n_factors=3, max_iter=10, random_state=0,
+                                 device="cpu").fit(X, y3)
+    n = X.shape[1]
+    assert fm.coef_.shape == (3, n)
+    assert fm.intercept_.shape == (3,)
+    assert fm.factors_.shape == (3, n, 3)
+    Z = fm.decision_function(X)
+    assert Z.shape == (X.shape[0], 3)
+    for k in range(3):  # each class is its own binary FM
+        ref = _fm_reference(X, fm.coef_[k], fm.intercept_[k], fm.factors_[k])
+        assert_allclose(Z[:, k], ref, rtol=1e-6, atol=1e-9)
+    P = fm.predict_proba(X)
+    assert P.shape == (X.shape[0], 3)
+    assert_allclose(P.sum(axis=1), 1.0)
+    assert_allclose(P, 1 / (1 + np.exp(-Z)) / (1 / (1 + np.exp(-Z))).sum(1, keepdims=True))
+    assert_array_equal(fm.predict(X), fm.classes_[P.argmax(axis=1)])
+    assert_allclose(fm.predict_log_proba(X), np.log(P))
+
+
+def test_one_vs_rest_heads_are_binary_fms(small_binary):
+    """Class k's head is the binary FM of (y == k), with its own seed."""
+    X, y = small_binary
+    y3 = np.arange(y.size) % 3
+    kw = dict(n_factors=2, max_iter=3, random_state=0, device="cpu")
+    fm = GPUFactorizationMachine(**kw).fit(X, y3)
+    # the same layout and seeds make head 0 reproducible on its own
+    fm2 = GPUFactorizationMachine(**kw).fit(X, y3)
+    assert_array_equal(fm.factors_, fm2.factors_)
+    assert not np.allclose(fm.factors_[0], fm.factors_[1])
+
+
+@pytest.mark.parametrize(
+    "labels", [[0, 1], [-1, 1], [5, 9], ["neg", "pos"]]
+)
+def test_binary_label_kinds(small_binary, labels):
+    X, y01 = small_binary
+    y = np.asarray(labels, dtype=object if isinstance(labels[0], str) else None)[y01]
+    kw = dict(n_factors=2, max_iter=5, random_state=0, device="cpu")
+    ref = GPUFactorizationMachine(**kw).fit(X, y01)
+    fm = GPUFactorizationMachine(**kw).fit(X, y)
+    assert_array_equal(fm.classes_, np.unique(y))
+    assert_array_equal(fm.decision_function(X), ref.decision_function(X))
+    assert_array_equal(fm.predict(X), np.asarray(labels)[ref.predict(X)])
+
+
+def test_fit_linear_and_fit_intercept_off(small_binary):
+    X, y = small_binary
+    fm = GPUFactorizationMachine(fit_linear=False, fit_intercept=False,
+                                 n_factors=3, max_iter=5, random_state=0,
+                                 device="cpu").fit(X, y)
+    assert_array_equal(fm.coef_, 0.0)
+    assert_array_equal(fm.intercept_, 0.0)
+    assert np.any(fm.factors_ != 0)
+    ref = _fm_reference(X, fm.coef_[0], 0.0, fm.factors_)
+    assert_allclose(fm.decision_function(X), ref, rtol=1e-6, atol=1e-9)
+
+
+# --------------------------------------------------------------------------
+# what it learns
+# --------------------------------------------------------------------------
+def test_fm_beats_lr_on_fm_planted_data():
+    # few fields, so that 30k rows pin down the planted interactions
+    X, y = make_ctr_classification(n_samples=45_000, n_features=512, n_fields=6,
+                                   n_numeric=2, model="fm", random_state=0)
+    Xa, ya, Xb, yb = X[:30_000], y[:30_000], X[30_000:], y[30_000:]
+    lr = max(
+        roc_auc_score(yb, GPULogisticRegression(C=C, device="cpu")
+                      .fit(Xa, ya).decision_function(Xb))
+        for C in (0.03, 0.3)
+    )
+    fm = GPUFactorizationMachine(random_state=0, device="cpu").fit(Xa, ya)
+    auc = roc_auc_score(yb, fm.decision_function(Xb))
+    assert auc > lr + 0.02, (auc, lr)
+
+
+def test_fm_regressor_learns_planted_fm():
+    X, y, mean = make_ctr_regression(n_samples=30_000, n_features=256, n_fields=4,
+                                     n_numeric=2, model="fm", noise=0.5,
+                                     return_mean=True, random_state=0)
+    Xa, ya, Xb, mb = X[:20_000], y[:20_000], X[20_000:], mean[20_000:]
+    fm = GPUFactorizationMachineRegressor(beta=3e-4, random_state=0, device="cpu")
+    fm.fit(Xa, ya)
+    rmse_fm = np.sqrt(np.mean((fm.predict(Xb) - mb) ** 2))
+    ridge = Ridge(alpha=1.0).fit(Xa, ya)
+    rmse_linear = np.sqrt(np.mean((ridge.predict(Xb) - mb) ** 2))
+    assert rmse_fm < 0.5 * rmse_linear, (rmse_fm, rmse_linear)
+
+
+def test_fm_regressor_movielens_rmse(movielens_100k):
+    Xa, ya, Xb, yb = movielens_100k
+    fm = GPUFactorizationMachineRegressor(beta=3e-4, random_state=0, device="cpu")
+    fm.fit(Xa, ya)
+    rmse = np.sqrt(np.mean((fm.predict(Xb) - yb) ** 2))
+    assert rmse <= 0.95, rmse
+    # far better than the global mean
+    assert rmse < 0.85 * np.sqrt(np.mean((yb - ya.mean()) ** 2))
+
+
+# --------------------------------------------------------------------------
+# fit options
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+@pytest.mark.parametrize("solver", ["sgd", "adagrad"])
+def test_partial_fit_once_equals_fit_one_epoch(small_binary, Est, solver):
+    X, y = small_binary
+    kw = dict(solver=solver, n_factors=3, batch_size=64, random_state=0, device="cpu")
+    a = Est(max_iter=1, **kw).fit(X, y)
+    b = Est(**kw)
+    if Est is GPUFactorizationMachine:
+        b.partial_fit(X, y, classes=[0, 1])
+    else:
+        b.partial_fit(X, y)
+    assert_allclose(a.factors_, b.factors_, rtol=1e-6)
+    assert_allclose(a.coef_, b.coef_, rtol=1e-6)
+    b.partial_fit(X, y)
+    assert b.n_iter_ == 2 and len(b.loss_curve_) == 2
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_warm_start(small_binary, Est):
+    X, y = small_binary
+    fm = Est(n_factors=3, max_iter=5, random_state=0, device="cpu").fit(X, y)
+    V = fm.factors_.copy()
+    fm.set_params(warm_start=True, max_iter=0).fit(X, y)
+    assert_array_equal(fm.factors_, V)
+    fm.set_params(max_iter=3).fit(X, y)
+    assert not np.array_equal(fm.factors_, V)
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_sample_weight(small_binary, Est):
+    X, y = small_binary
+    kw = dict(n_factors=3, max_iter=5, batch_size=1000, random_state=0, device="cpu")
+    ref = Est(**kw).fit(X, y)
+    # a constant weight changes nothing (each mini-batch is a weighted mean)
+    twice = Est(**kw).fit(X, y, sample_weight=np.full(y.size, 2.0))
+    assert_allclose(twice.factors_, ref.factors_, rtol=1e-5, atol=1e-7)
+    # weights matter
+    sw = np.where(y == 1, 5.0, 1.0)
+    weighted = Est(**kw).fit(X, y, sample_weight=sw)
+    assert not np.allclose(weighted.factors_, ref.factors_)
+    # integer weights == repeated rows (one mini-batch holds all rows)
+    sw = np.random.default_rng(0).integers(0, 3, y.size)
+    Xr = sp.csr_matrix(np.repeat(X.toarray(), sw, axis=0))
+    rep = Est(**kw).fit(Xr, np.repeat(y, sw))
+    w = Est(**kw).fit(X, y, sample_weight=sw.astype(float))
+    assert_allclose(w.predict(X[:50]) if Est is GPUFactorizationMachineRegressor
+                    else w.decision_function(X[:50]),
+                    rep.predict(X[:50]) if Est is GPUFactorizationMachineRegressor
+                    else rep.decision_function(X[:50]), rtol=1e-4, atol=1e-5)
+
+
+def test_early_stopping_stops(movielens_100k):
+    Xa, ya, Xb, yb = movielens_100k
+    fm = GPUFactorizationMachineRegressor(early_stopping=True, n_iter_no_change=3,
+                                          learning_rate=0.3, random_state=0,
+                                          device="cpu").fit(Xa[:20000], ya[:20000])
+    assert fm.n_iter_ < fm.max_iter
+
+
+def test_verbose_one_line_per_epoch(small_binary, capsys):
+    X, y = small_binary
+    fm = GPUFactorizationMachine(n_factors=2, max_iter=4, tol=None, verbose=1,
+                                 random_state=0, device="cpu").fit(X, y)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == fm.n_iter_ == 4
+    assert all("samples/s" in ln for ln in lines)

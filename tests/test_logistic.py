@@ -1,0 +1,327 @@
+"""GPULogisticRegression on the CPU against scikit-learn's LogisticRegression
+and against itself (solvers, labels, warm starts, partial_fit)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+
+from sklearn_cuwide import GPULogisticRegression
+from sklearn_cuwide.datasets import make_ctr_classification
+
+
+# --------------------------------------------------------------------------
+# lbfgs: the same optimum as scikit-learn
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("problem", ["sparse_binary", "sparse_multiclass"])
+@pytest.mark.parametrize(
+    "weighting", ["none", "sample_weight", "balanced", "sample_weight+balanced"]
+)
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_lbfgs_matches_sklearn(request, problem, weighting, fit_intercept):
+    X, y = request.getfixturevalue(problem)
+    sw = None
+    if "sample_weight" in weighting:
+        sw = np.random.default_rng(3).uniform(0.1, 3.0, X.shape[0])
+    cw = "balanced" if "balanced" in weighting else None
+    common = dict(C=0.5, fit_intercept=fit_intercept, class_weight=cw)
+    # float64 data and a tight tolerance: sklearn's optimum, to ~1e-7
+    ref = LogisticRegression(tol=1e-10, max_iter=10_000, **common)
+    ref.fit(X, y, sample_weight=sw)
+    # the same values in float32, as the GPU computes
+    est = GPULogisticRegression(tol=1e-8, max_iter=1000, device="cpu", **common)
+    est.fit(X.astype(np.float32), y, sample_weight=sw)
+
+    assert est.coef_.shape == ref.coef_.shape
+    assert est.intercept_.shape == ref.intercept_.shape
+    assert_allclose(est.coef_, ref.coef_, rtol=1e-3, atol=1e-3 * np.abs(ref.coef_).max())
+    if fit_intercept:
+        assert_allclose(est.intercept_, ref.intercept_, rtol=1e-3, atol=1e-6)
+    else:
+        assert_array_equal(est.intercept_, 0.0)
+    assert_allclose(est.predict_proba(X), ref.predict_proba(X), rtol=0, atol=1e-4)
+    assert_array_equal(est.predict(X), ref.predict(X))
+    assert est.n_iter_.shape == (1,)
+    assert len(est.loss_curve_) == est.n_iter_[0]
+
+
+def test_lbfgs_no_penalty_matches_sklearn(sparse_multiclass):
+    X, y = sparse_multiclass
+    X = X[:, :20]  # more samples than parameters: a finite optimum
+    ref = LogisticRegression(C=np.inf, tol=1e-10, max_iter=10_000).fit(X, y)
+    est = GPULogisticRegression(C=np.inf, tol=1e-8, max_iter=2000, device="cpu")
+    est.fit(X, y)
+    assert_allclose(est.predict_proba(X), ref.predict_proba(X), atol=1e-4)
+
+
+def test_lbfgs_l1_raises_like_sklearn(sparse_binary):
+    X, y = sparse_binary
+    for l1_ratio in (1.0, 0.5):
+        with pytest.raises(ValueError, match="Solver lbfgs supports only 'l2'"):
+            GPULogisticRegression(l1_ratio=l1_ratio, device="cpu").fit(X, y)
+
+
+def test_penalty_parameter_like_sklearn(sparse_binary):
+    """An explicit ``penalty`` wins over ``l1_ratio``, with a FutureWarning."""
+    X, y = sparse_binary
+    base = GPULogisticRegression(C=0.5, device="cpu").fit(X, y)
+    with pytest.warns(FutureWarning, match="'penalty' is deprecated"):
+        same = GPULogisticRegression(penalty="l2", C=0.5, device="cpu").fit(X, y)
+    assert_allclose(same.coef_, base.coef_)
+    with pytest.warns(FutureWarning):
+        none = GPULogisticRegression(penalty=None, device="cpu").fit(X[:, :20], y)
+    inf = GPULogisticRegression(C=np.inf, device="cpu").fit(X[:, :20], y)
+    assert_allclose(none.coef_, inf.coef_)
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="lbfgs"):
+        GPULogisticRegression(penalty="l1", device="cpu").fit(X, y)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_class_weight_dict_equals_sample_weight(sparse_multiclass):
+    X, y = sparse_multiclass
+    cw = {0: 0.5, 1: 2.0, 2: 1.0}
+    sw = np.array([cw[c] for c in y])
+    for solver in ("lbfgs", "adagrad"):
+        a = GPULogisticRegression(solver=solver, class_weight=cw, random_state=0,
+                                  max_iter=20, device="cpu").fit(X, y)
+        b = GPULogisticRegression(solver=solver, random_state=0, max_iter=20,
+                                  device="cpu").fit(X, y, sample_weight=sw)
+        assert_allclose(a.coef_, b.coef_, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_float64_and_float32_input_give_the_same_model(sparse_binary):
+    X, y = sparse_binary
+    for solver in ("lbfgs", "sgd"):
+        kw = dict(solver=solver, random_state=0, max_iter=10, device="cpu")
+        a = GPULogisticRegression(**kw).fit(X.astype(np.float64), y)
+        b = GPULogisticRegression(**kw).fit(X.astype(np.float32), y)
+        assert_allclose(a.coef_, b.coef_, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_dense_and_sparse_input_give_the_same_model(sparse_binary):
+    X, y = sparse_binary
+    for solver in ("lbfgs", "adagrad"):
+        kw = dict(solver=solver, random_state=0, max_iter=10, device="cpu")
+        a = GPULogisticRegression(**kw).fit(X, y)
+        b = GPULogisticRegression(**kw).fit(X.toarray(), y)
+        assert_allclose(a.coef_, b.coef_, rtol=1e-6, atol=1e-8)
+        assert_allclose(a.predict_proba(X), b.predict_proba(X.toarray()))
+
+
+# --------------------------------------------------------------------------
+# mini-batch solvers
+# --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ctr_split():
+    X, y = make_ctr_classification(
+        n_samples=40_000, n_features=2**13, random_state=0
+    )
+    return X[:30_000], y[:30_000], X[30_000:], y[30_000:]
+
+
+@pytest.fixture(scope="module")
+def ctr_lbfgs_auc(ctr_split):
+    Xa, ya, Xb, yb = ctr_split
+    ref = GPULogisticRegression(C=0.03, device="cpu").fit(Xa, ya)
+    return roc_auc_score(yb, ref.decision_function(Xb))
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adagrad"])
+def test_minibatch_auc_close_to_lbfgs(ctr_split, ctr_lbfgs_auc, solver):
+    Xa, ya, Xb, yb = ctr_split
+    est = GPULogisticRegression(C=0.03, solver=solver, random_state=0, device="cpu")
+    est.fit(Xa, ya)
+    auc = roc_auc_score(yb, est.decision_function(Xb))
+    assert auc >= ctr_lbfgs_auc - 0.005, (solver, auc, ctr_lbfgs_auc)
+    assert est.n_iter_[0] <= est.max_iter
+    assert len(est.loss_curve_) == est.n_iter_[0]
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adagrad"])
+def test_minibatch_multiclass_close_to_lbfgs(sparse_multiclass, solver):
+    X, y = sparse_multiclass
+    ref = GPULogisticRegression(C=0.5, device="cpu").fit(X, y)
+    est = GPULogisticRegression(C=0.5, solver=solver, batch_size=32, max_iter=200,
+                                tol=1e-6, random_state=0, device="cpu").fit(X, y)
+    assert est.coef_.shape == (3, X.shape[1])
+    # the same objective: near its optimum (stochastic steps, not exact)
+    assert np.mean(np.abs(est.predict_proba(X) - ref.predict_proba(X))) < 0.02
+    assert np.mean(est.predict(X) == ref.predict(X)) > 0.95
+
+
+def test_l1_gives_sparse_coefficients(sparse_binary):
+    X, y = sparse_binary
+    kw = dict(solver="sgd", C=0.05, random_state=0, max_iter=50, device="cpu")
+    l2 = GPULogisticRegression(l1_ratio=0.0, **kw).fit(X, y)
+    l1 = GPULogisticRegression(l1_ratio=1.0, **kw).fit(X, y)
+    assert np.count_nonzero(l2.coef_) == l2.coef_.size
+    assert 0 < np.count_nonzero(l1.coef_) < l1.coef_.size // 2
+
+
+def test_minibatch_is_reproducible(sparse_binary):
+    X, y = sparse_binary
+    kw = dict(solver="adagrad", batch_size=50, max_iter=5, device="cpu")
+    a = GPULogisticRegression(random_state=1, **kw).fit(X, y)
+    b = GPULogisticRegression(random_state=1, **kw).fit(X, y)
+    c = GPULogisticRegression(random_state=2, **kw).fit(X, y)
+    assert_array_equal(a.coef_, b.coef_)
+    assert not np.array_equal(a.coef_, c.coef_)
+
+
+def test_early_stopping(ctr_split):
+    Xa, ya, _, _ = ctr_split
+    est = GPULogisticRegression(solver="adagrad", early_stopping=True,
+                                n_iter_no_change=2, max_iter=100, random_state=0,
+                                device="cpu").fit(Xa, ya)
+    # the held-out loss stops improving long before 100 epochs on this data
+    assert est.n_iter_[0] < 100
+
+
+def test_verbose_prints_one_line_per_epoch(sparse_binary, capsys):
+    X, y = sparse_binary
+    est = GPULogisticRegression(solver="sgd", max_iter=3, tol=0.0, verbose=1,
+                                early_stopping=True, random_state=0,
+                                device="cpu").fit(X, y)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == est.n_iter_[0] == 3
+    assert all("loss" in ln and "validation" in ln and "samples/s" in ln for ln in lines)
+
+
+# --------------------------------------------------------------------------
+# warm start and partial_fit
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd", "adagrad"])
+def test_warm_start_starts_from_the_previous_model(sparse_binary, solver):
+    X, y = sparse_binary
+    est = GPULogisticRegression(solver=solver, max_iter=5, random_state=0,
+                                device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y)
+    coef = est.coef_.copy()
+    est.set_params(warm_start=True, max_iter=0).fit(X, y)
+    assert_allclose(est.coef_, coef)
+    est.set_params(warm_start=False).fit(X, y)  # max_iter=0 from scratch
+    assert_array_equal(est.coef_, 0.0)
+
+
+def test_lbfgs_warm_start_converges_at_once(sparse_binary):
+    X, y = sparse_binary
+    est = GPULogisticRegression(tol=1e-6, device="cpu").fit(X, y)
+    n_cold = est.n_iter_[0]
+    est.set_params(warm_start=True).fit(X, y)
+    assert est.n_iter_[0] < max(n_cold // 4, 2)
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adagrad"])
+@pytest.mark.parametrize("problem", ["sparse_binary", "sparse_multiclass"])
+def test_partial_fit_once_equals_fit_one_epoch(request, problem, solver):
+    X, y = request.getfixturevalue(problem)
+    kw = dict(solver=solver, batch_size=64, random_state=0, device="cpu")
+    a = GPULogisticRegression(max_iter=1, **kw).fit(X, y)
+    b = GPULogisticRegression(**kw).partial_fit(X, y, classes=np.unique(y))
+    assert_allclose(a.coef_, b.coef_, rtol=1e-6)
+    assert_allclose(a.intercept_, b.intercept_, rtol=1e-6)
+
+
+def test_partial_fit_improves_and_accumulates(sparse_binary):
+    X, y = sparse_binary
+    est = GPULogisticRegression(solver="adagrad", batch_size=64, random_state=0,
+                                device="cpu")
+    est.partial_fit(X[:200], y[:200], classes=[0, 1])
+    first = est.loss_curve_[0]
+    for _ in range(5):
+        est.partial_fit(X[200:], y[200:])
+        est.partial_fit(X[:200], y[:200])
+    assert est.n_iter_[0] == 11
+    assert len(est.loss_curve_) == 11
+    assert est.loss_curve_[-1] < first
+
+
+def test_partial_fit_only_for_minibatch_solvers(sparse_binary):
+    assert not hasattr(GPULogisticRegression(solver="lbfgs"), "partial_fit")
+    assert hasattr(GPULogisticRegression(solver="sgd"), "partial_fit")
+
+
+def test_partial_fit_rejects_unknown_labels(sparse_binary):
+    X, y = sparse_binary
+    est = GPULogisticRegression(solver="sgd", device="cpu")
+    est.partial_fit(X, y, classes=[0, 1])
+    with pytest.raises(ValueError, match="not in classes"):
+        est.partial_fit(X, y + 1)
+    with pytest.raises(ValueError, match="balanced"):
+        est.set_params(class_weight="balanced").partial_fit(X, y)
+
+
+# --------------------------------------------------------------------------
+# labels and outputs
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "labels", [[0, 1], [-1, 1], [3, 7], ["no", "yes"], [False, True]]
+)
+@pytest.mark.parametrize("solver", ["lbfgs", "adagrad"])
+def test_binary_label_kinds(sparse_binary, labels, solver):
+    X, y01 = sparse_binary
+    y = np.asarray(labels, dtype=object if isinstance(labels[0], str) else None)[y01]
+    kw = dict(solver=solver, random_state=0, max_iter=20, device="cpu")
+    ref = GPULogisticRegression(**kw).fit(X, y01)
+    est = GPULogisticRegression(**kw).fit(X, y)
+    assert_array_equal(est.classes_, np.unique(y))
+    assert_allclose(est.decision_function(X), ref.decision_function(X))
+    assert_array_equal(est.predict(X), np.asarray(labels)[ref.predict(X)])
+    assert est.score(X, y) == ref.score(X, y01)
+
+
+def test_multiclass_string_labels(sparse_multiclass):
+    X, yi = sparse_multiclass
+    y = np.array(["b", "c", "a"])[yi]
+    est = GPULogisticRegression(device="cpu").fit(X, y)
+    ref = GPULogisticRegression(device="cpu").fit(X, yi)
+    assert_array_equal(est.classes_, ["a", "b", "c"])
+    P, Pr = est.predict_proba(X), ref.predict_proba(X)
+    assert_allclose(P, Pr[:, [2, 0, 1]], atol=1e-6)
+    assert_array_equal(est.predict(X), est.classes_[P.argmax(axis=1)])
+
+
+@pytest.mark.parametrize("problem", ["sparse_binary", "sparse_multiclass"])
+def test_prediction_methods_agree(request, problem):
+    X, y = request.getfixturevalue(problem)
+    est = GPULogisticRegression(device="cpu").fit(X, y)
+    Z = est.decision_function(X)
+    P = est.predict_proba(X)
+    assert_allclose(P.sum(axis=1), 1.0)
+    assert_allclose(est.predict_log_proba(X), np.log(P), atol=1e-10)
+    # decision values are X @ coef_.T + intercept_, in float64
+    Zref = np.asarray(X @ est.coef_.T) + est.intercept_
+    assert_allclose(Z, Zref[:, 0] if Z.ndim == 1 else Zref, rtol=1e-12)
+    assert_array_equal(est.predict(X), est.classes_[P.argmax(axis=1)])
+
+
+def test_auto_device_is_cpu_without_gpu(sparse_binary):
+    from sklearn_cuwide._device import cuda_device_count
+
+    if cuda_device_count() > 0:
+        pytest.skip("a GPU is present")
+    X, y = sparse_binary
+    est = GPULogisticRegression().fit(X, y)
+    assert est.device_ == "cpu"
+    with pytest.raises(ValueError, match="no usable GPU"):
+        GPULogisticRegression(device="cuda").fit(X, y)
+
+
+def test_int64_indices_and_csc_coo_input(sparse_binary):
+    X, y = sparse_binary
+    ref = GPULogisticRegression(device="cpu").fit(X, y)
+    X64 = sp.csr_matrix(X)
+    X64.indices = X64.indices.astype(np.int64)
+    X64.indptr = X64.indptr.astype(np.int64)
+    for Xi in (X64, X.tocsc(), X.tocoo()):
+        est = GPULogisticRegression(device="cpu").fit(Xi, y)
+        assert_allclose(est.coef_, ref.coef_, rtol=1e-7)
+        assert_allclose(est.predict_proba(Xi), ref.predict_proba(X), rtol=1e-7)
