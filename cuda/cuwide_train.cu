@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
   int* heads = reinterpret_cast<int*>(hgrad + (long long)n_rep * hsize);
   int* wcount = heads + bd;                                  // 33 ints
   float* bgrad = reinterpret_cast<float*>(wcount + 33);      // NOUT floats
-  unsigned char* touched = reinterpret_cast<unsigned char*>(bgrad + NOUT);
+  int* touched = reinterpret_cast<int*>(bgrad + NOUT);  // hot feature present?
   float* acc = acc_global ? acc_global + (long long)blockIdx.x * sample_block * RS : acc_s;
 
   // group of G lanes per nonzero / per segment
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
 #pragma unroll
           for (int u = 0; u < UNROLL; ++u) {
             if (f[u] < 0) continue;
-            if (base + (long long)u * bd < t1) touched[f[u]] = 1;
+            if (base + (long long)u * bd < t1) atomicExch(&touched[f[u]], 1);
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) atomicAdd(&acc[r[u] * RS + o], wv[u][o] * x[u]);
           }
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
           for (int u = 0; u < UNROLL; ++u) {
             if (f[u] < 0 || gl != 0) continue;
             atomicAdd(&acc[r[u] * RS + NF], lin[u] * x[u] - 0.5f * sq[u]);
-            if (base + (long long)u * ng < t1) touched[f[u]] = 1;
+            if (base + (long long)u * ng < t1) atomicExch(&touched[f[u]], 1);
           }
         }
       }
@@ -453,6 +453,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
       }
 
       // ---------------- flush the hot accumulators; intercept ----------------
+      __syncthreads();  // the hot apply's adds are done (the cold loop may be empty)
       for (long long i = tid; i < ((skip & 8) ? 0 : hsize); i += bd) {
         const int f = (int)(i / HW);
         if (!touched[f]) continue;

@@ -46,17 +46,18 @@ def minimize_lbfgs(
         # two-loop recursion
         q = g.copy()
         alphas = []
+        # (scalars stay on the device: no host round trip in the recursion)
         for s, y, rho in zip(reversed(S), reversed(Y), reversed(RHO)):
-            a = rho * float(xp.dot(s, q))
+            a = rho * xp.dot(s, q)
             alphas.append(a)
             q -= a * y
         if S:
-            gamma = float(xp.dot(S[-1], Y[-1])) / float(xp.dot(Y[-1], Y[-1]))
+            gamma = xp.dot(S[-1], Y[-1]) / xp.dot(Y[-1], Y[-1])
         else:
             gamma = 1.0 / max(float(xp.sqrt(xp.dot(g, g))), 1e-12)
         q *= gamma
         for (s, y, rho), a in zip(zip(S, Y, RHO), reversed(alphas)):
-            b = rho * float(xp.dot(y, q))
+            b = rho * xp.dot(y, q)
             q += (a - b) * s
         d = -q
         gd = float(xp.dot(g, d))

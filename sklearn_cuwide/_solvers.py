@@ -111,7 +111,7 @@ def fit_lbfgs_linear(
             Z = Z + x[d * D :]
         lo, dZ = pointwise_loss(xp, Z, y, loss)
         E = dZ * ws[:, None]
-        f = float(xp.dot(ws, lo)) + 0.5 * lam * float(xp.dot(x[: d * D], x[: d * D]))
+        f = float(xp.dot(ws, lo) + 0.5 * lam * xp.dot(x[: d * D], x[: d * D]))
         gW = backend.rmatmul(X, E) + lam * W
         if fit_intercept:
             return f, xp.concatenate([gW.ravel(), E.sum(axis=0)])

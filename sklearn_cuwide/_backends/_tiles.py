@@ -44,7 +44,7 @@ def replicas(params, n_outputs, n_factors):
 def smem_bytes(sample_block, n_hot, rs, hw, n_rep, n_outputs, acc_in_smem=True):
     """Dynamic shared memory of one training block (see cuwide_train.cu)."""
     n = 4 * ((sample_block * rs if acc_in_smem else 0) + n_hot * hw * (1 + n_rep))
-    n += 4 * (THREADS + 33) + 4 * int(n_outputs) + int(n_hot)
+    n += 4 * (THREADS + 33) + 4 * int(n_outputs) + 4 * int(n_hot)
     return (n + 15) // 16 * 16
 
 
@@ -70,5 +70,5 @@ def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):
     n_sb = -(-batch_size // sb_max)
     sb = -(-batch_size // n_sb)
     left = avail - 4 * rs * sb
-    n_hot = max(0, min(MAX_HOT, left // (4 * hw * (1 + rep) + 1)))
+    n_hot = max(0, min(MAX_HOT, left // (4 * hw * (1 + rep) + 4)))
     return int(sb), int(n_hot)
