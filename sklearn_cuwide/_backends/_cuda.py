@@ -346,6 +346,10 @@ def train_kernel(params, n_outputs, n_factors):
     return get_kernel("cuwide_train.cu", expr)
 
 
+#: fewest mini-batches per thread block and epoch before more blocks are used
+MIN_BATCHES_PER_BLOCK = 16
+
+
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200 (Criteo-like
     data, 264 blocks): plain lock-free sums lose nothing for LR; the FM's hot
@@ -408,7 +412,11 @@ def run_epoch(
         kern.max_dynamic_shared_size_bytes = smem
     props = _props()
     if grid is None:
-        grid = 1 if deterministic else props["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
+        # every block should get MIN_BATCHES_PER_BLOCK mini-batches of work:
+        # on small data fewer blocks run at once (less staleness), and a
+        # data set of under 32 mini-batches is trained strictly in order
+        full = props["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
+        grid = 1 if deterministic else max(1, min(full, dl.n_batches // MIN_BATCHES_PER_BLOCK))
     bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = cp.empty(grid * sb * rs, dtype=cp.float32) if acc_global else None
