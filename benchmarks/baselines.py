@@ -12,7 +12,6 @@
 Nothing here is imported by the package.
 """
 
-import time
 
 import numpy as np
 

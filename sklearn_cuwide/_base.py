@@ -370,3 +370,45 @@ class _CuWideEstimator(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
         return tags
+
+
+class _WideClassifierMixin:
+    """``decision_function`` and ``predict`` shared by the two classifiers.
+
+    The class defines ``_decision(X)``, returning (n_samples, n_heads)
+    decision values, and ``classes_``.
+    """
+
+    def decision_function(self, X):
+        """Decision values: log-odds of the positive class (binary), or one
+        score per class (multiclass).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+        """
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self)
+        X = _check_predict_data(self, X)
+        Z = self._decision(X)
+        return Z[:, 0] if Z.shape[1] == 1 else Z
+
+    def predict(self, X):
+        """Predicted class labels.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        Z = self.decision_function(X)
+        idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
+        return self.classes_[idx]

@@ -19,7 +19,6 @@ MIN_COMPUTE_CAPABILITY = 70
 def cuda_device_count():
     """Number of usable CUDA devices (0 when cupy or a driver is missing)."""
     try:
-        import cupy  # noqa: F401
         from cupy.cuda import runtime
     except Exception:
         return 0

@@ -14,6 +14,7 @@ from sklearn.utils.multiclass import (
 from sklearn.utils.validation import check_is_fitted
 
 from ._base import (
+    _WideClassifierMixin,
     COMPUTE_DTYPE,
     _as_csr,
     _check_fit_data,
@@ -318,7 +319,7 @@ class _BaseFM(_CuWideEstimator):
 
 
 @_fm_doc
-class GPUFactorizationMachine(ClassifierMixin, _BaseFM):
+class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     """Factorization machine classifier (order 2, logistic loss).
 
     Models the log-odds of the positive class as::
@@ -498,38 +499,6 @@ class GPUFactorizationMachine(ClassifierMixin, _BaseFM):
             (self.coef_[k][:, None], self.intercept_[k : k + 1], self.factors_[k])
             for k in range(self.coef_.shape[0])
         ]
-
-    def decision_function(self, X):
-        """Log-odds of the positive class (binary) or of each class
-        one-vs-rest (multiclass).
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_classes)
-        """
-        check_is_fitted(self)
-        X = _check_predict_data(self, X)
-        Z = self._decision(X)
-        return Z[:, 0] if Z.shape[1] == 1 else Z
-
-    def predict(self, X):
-        """Predicted class labels.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        Z = self.decision_function(X)
-        idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
-        return self.classes_[idx]
 
     def predict_proba(self, X):
         """Class probabilities (rows sum to 1), in the order of ``classes_``.

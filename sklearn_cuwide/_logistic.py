@@ -16,13 +16,12 @@ from sklearn.utils.multiclass import (
     _check_partial_fit_first_call,
     check_classification_targets,
 )
-from sklearn.utils.validation import check_is_fitted
 
 from ._base import (
+    _WideClassifierMixin,
     COMPUTE_DTYPE,
     _as_csr,
     _check_fit_data,
-    _check_predict_data,
     _CuWideEstimator,
     _fit_device,
     _logit_prior,
@@ -68,7 +67,7 @@ def _is_minibatch(est):
     return est.solver != "lbfgs"
 
 
-class GPULogisticRegression(ClassifierMixin, _CuWideEstimator):
+class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstimator):
     """Logistic regression on sparse data, on a GPU when there is one.
 
     A drop-in for :class:`sklearn.linear_model.LogisticRegression`: the same
@@ -520,37 +519,6 @@ class GPULogisticRegression(ClassifierMixin, _CuWideEstimator):
 
     def _heads(self):
         return [(self.coef_.T, self.intercept_, None)]
-
-    def decision_function(self, X):
-        """Decision values (log-odds, or per-class scores when multiclass).
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_classes)
-        """
-        check_is_fitted(self)
-        X = _check_predict_data(self, X)
-        Z = self._decision(X)
-        return Z[:, 0] if Z.shape[1] == 1 else Z
-
-    def predict(self, X):
-        """Predicted class labels.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        Z = self.decision_function(X)
-        idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
-        return self.classes_[idx]
 
     def predict_proba(self, X):
         """Probabilities of the classes, in the order of ``classes_``.

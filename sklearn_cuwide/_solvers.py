@@ -16,7 +16,6 @@ import time
 import numpy as np
 
 from ._lbfgs import minimize_lbfgs
-from ._state import ModelState
 
 __all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights", "pointwise_loss"]
 

@@ -6,7 +6,6 @@ and columns; one feature present in every row; n_factors 1 to 128.
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from sklearn_cuwide._device import cuda_device_count
 
