@@ -247,6 +247,7 @@ class DeviceLayout:
                 q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
                 self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
             s = (1.0 + (P - 1) * self._q) ** (-power)
+            self._scales = {}  # keep one level: 4 bytes per feature, not 4 per level
             self._scales[key] = (s.astype(cp.float32), float(P) ** -power)
         return self._scales[key]
 
