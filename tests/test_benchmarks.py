@@ -1,0 +1,350 @@
+"""The benchmark suite (``benchmarks/run_all.py``) in its tiniest CPU mode.
+
+One run of ``run_all.py --cpu --smoke`` (seconds), with the scikit-learn
+fits in a worker process as on the GPU machine; then its output is checked
+against references computed here: scikit-learn refitted on the same rows,
+the floors, targets, ratios and log-log slopes recomputed from the recorded
+numbers, and every GPU-only system recorded (not crashed) on a machine
+without a GPU.  No timing is asserted.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "run_all.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import run_all  # noqa: E402
+
+
+def _has(mod):
+    try:
+        __import__(mod)
+        return True
+    except Exception:
+        return False
+
+
+HAS_GPU = run_all._gpu_available()
+
+
+def _run(args, tmp, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("suite")
+    out = tmp / "out"
+    proc = _run(["--cpu", "--smoke", "--sk-workers", "1", "--out", str(out)], tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    return res, out, proc.stdout
+
+
+def _main(res):
+    (name, entry), = [(k, v) for k, v in res["systems"].items() if v.get("main")]
+    return name, entry
+
+
+def test_outputs_written_and_table_printed_last(smoke):
+    res, out, stdout = smoke
+    assert (out / "results.md").read_text().startswith("# sklearn-cuwide benchmark suite")
+    lines = stdout.strip().splitlines()
+    assert lines[-1].startswith("errors recorded:")
+    last = max(i for i, line in enumerate(lines) if line.startswith("wrote "))
+    assert any(line.startswith("ours LR adagrad (kernel)") for line in lines[last:])
+    assert set(res["timings"]) >= {"env", "floors", "systems", "real", "ablation",
+                                   "scaling", "finish"}
+
+
+def test_environment_block(smoke):
+    res, _, _ = smoke
+    env = res["env"]
+    import scipy
+    import sklearn
+
+    assert env["numpy"] == np.__version__
+    assert env["scipy"] == scipy.__version__
+    assert env["sklearn"] == sklearn.__version__
+    assert env["cpu_count"] == os.cpu_count()
+    assert "--smoke" in env["command"] and env["mode"] == "cpu"
+
+
+def test_sklearn_results_match_a_refit_on_the_same_rows(smoke):
+    """The data handling (prefix rows, test rows after the largest prefix)
+    and the metrics, against scikit-learn refitted here."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    res, _, _ = smoke
+    _, entry = _main(res)
+    info, sk = entry["info"], entry["systems"]["sk_lr"]
+    assert "error" not in sk, sk
+    total = info["rows"] + info["test_rows"]
+    assert f"binary {total}x2^{int(math.log2(info['features']))}" in res["data_generated"]
+    X, y = make_ctr_classification(n_samples=total, n_features=info["features"],
+                                   model="fm", random_state=0)
+    m = LogisticRegression(C=run_all.C_LR, tol=run_all.LBFGS_TOL,
+                           max_iter=run_all.LBFGS_MAX_ITER).fit(X[: sk["rows"]], y[: sk["rows"]])
+    z = m.decision_function(X[info["rows"]:])
+    yt = y[info["rows"]:]
+    assert sk["test_auc"] == pytest.approx(roc_auc_score(yt, z), abs=1e-9)
+    ll = np.mean(np.logaddexp(0, z) - yt * z)
+    assert sk["test_logloss"] == pytest.approx(ll, rel=1e-7)
+    assert entry["target_logloss"] == pytest.approx(ll * run_all.TARGET_SLACK, rel=1e-7)
+    # ours lbfgs: the same rows, the same objective
+    ours = entry["systems"]["est_lr_lbfgs"]
+    assert ours["rows"] == sk["rows"]
+    assert ours["test_logloss"] == pytest.approx(ll, rel=2e-3)
+
+
+def test_kernel_runs_train_and_derived_figures_are_consistent(smoke):
+    res, _, _ = smoke
+    _, entry = _main(res)
+    info, systems = entry["info"], entry["systems"]
+    assert info["floor_ms"] == pytest.approx(
+        info["csr_bytes"] / res["floors"]["copy_bw"] * 1e3)
+    ref = systems["ours_lr_adagrad"]
+    for sid in ("ours_lr_adagrad", "ours_lr_sgd", "ours_fm"):
+        r = systems[sid]
+        assert "error" not in r, r
+        assert r["rows"] == info["rows"] and len(r["curve"]) == r["epochs"]
+        assert r["train_loss"][-1] < r["train_loss"][0]  # it learns
+        assert r["test_auc"] > 0.55  # planted model: better than chance
+        last = r["curve"][-1]
+        assert r["test_auc"] == last["test_auc"] and r["test_logloss"] == last["test_logloss"]
+        assert r["epoch_ms"] == pytest.approx(np.median(r["epoch_ms_list"][1:]))
+        # time to target recomputed from the curve
+        hit = [p["time_s"] for p in r["curve"] if p["test_logloss"] <= entry["target_logloss"]]
+        assert r["time_to_target_s"] == (hit[0] if hit else math.inf)
+        assert r["samples_per_s"] == pytest.approx(r["rows"] / (r["epoch_ms"] / 1e3))
+    assert systems["ours_lr_sgd"]["x_ours"] == pytest.approx(
+        systems["ours_lr_sgd"]["epoch_ms"] / ref["epoch_ms"])
+    sgd = systems["sk_sgd"]
+    assert sgd["x_ours"] == pytest.approx(
+        (sgd["epoch_ms"] / sgd["rows"]) / (ref["epoch_ms"] / ref["rows"]))
+
+
+@pytest.mark.skipif(HAS_GPU or _has("torch") or _has("cupy"),
+                    reason="checks the records of a machine without GPU packages")
+def test_gpu_only_systems_are_recorded_not_crashed(smoke):
+    res, _, _ = smoke
+    _, entry = _main(res)
+    for sid in ("torch_lr", "torch_fm", "cusparse_lr", "cusparse_fm"):
+        assert entry["systems"][sid]["error"].startswith("not available")
+    for model, rows in res["ablation"]["models"].items():
+        classic = next(r for r in rows if r["id"] == "classic")
+        assert classic["error"].startswith("not available")
+    assert len(res["errors"]) >= 6
+
+
+def test_ablation_rows(smoke):
+    res, _, _ = smoke
+    models = res["ablation"]["models"]
+    assert set(models) == {"LR", f"FM{res['config']['n_factors']}"}
+    for rows in models.values():
+        assert [r["id"] for r in rows] == [v[0] for v in run_all.ABLATION]
+        ok = {r["id"]: r for r in rows if "epoch_ms" in r}
+        assert set(ok) >= {"flow", "no_2d", "no_hot", "no_cross_stage", "no_replication",
+                           "stream", "no_multistream"}
+        assert ok["no_hot"]["n_hot"] == 0 and ok["flow"]["n_hot"] > 0
+        assert ok["no_2d"]["sample_block"] == run_all.BATCH
+        for r in ok.values():
+            assert r["x_flow"] == pytest.approx(r["epoch_ms"] / ok["flow"]["epoch_ms"])
+        # the CPU backend runs every variant with the same arithmetic
+        assert ok["stream"]["test_auc"] == pytest.approx(ok["flow"]["test_auc"])
+
+
+def test_scaling_slopes_recomputed(smoke):
+    res, _, _ = smoke
+    sc = res["scaling"]
+    cfg = res["config"]
+    assert [p["x"] for p in sc["rows"]["LR"]] == cfg["scale_rows"]
+    assert [p["x"] for p in sc["factors"]["FM"]] == cfg["scale_factors"]
+    for key, fit in sc["fits"].items():
+        sweep, model = key.split(" ")
+        pts = sc[sweep][model]
+        xs, ys = [p["x"] for p in pts], [p["epoch_ms"] for p in pts]
+        slope = np.polyfit(np.log(xs), np.log(ys), 1)[0]
+        assert fit["slope"] == pytest.approx(slope)
+    assert "linear" in sc["fits"]["rows LR"]
+
+
+def test_real_datasets(smoke):
+    import real_data
+
+    res, _, _ = smoke
+    avail = set(real_data.available_datasets())
+    for name in res["config"]["real_datasets"]:
+        if name not in avail:
+            assert name in res["real_info"]["absent"]
+            continue
+        systems = res["real"][name]["systems"]
+        if name == "movielens_100k":
+            for sid in ("ours_fm_reg", "est_fm_reg", "sk_ridge"):
+                assert math.isfinite(systems[sid]["test_rmse"]), systems[sid]
+        else:
+            for sid in ("ours_lr_adagrad", "est_lr_lbfgs", "sk_lr"):
+                assert 0 <= systems[sid]["test_auc"] <= 1, systems[sid]
+
+
+@pytest.mark.skipif(not _has("matplotlib"), reason="matplotlib is not installed")
+def test_plots_written_and_redrawn_from_json(smoke, tmp_path):
+    import plots
+
+    res, out, _ = smoke
+    names = ("systems.png", "ablation.png", "scaling.png")
+    for name in names:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    made = plots.make_plots(json.loads((out / "results.json").read_text()), tmp_path)
+    assert sorted(Path(p).name for p in made) == sorted(names)
+
+
+def test_parts_and_skip_select_what_runs(tmp_path):
+    out = tmp_path / "out"
+    proc = _run(["--cpu", "--smoke", "--parts", "scaling", "--skip", "plots",
+                 "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert "scaling" in res and not {"systems", "real", "ablation", "floors"} & set(res)
+    assert not list(out.glob("*.png"))
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    for args in (["--parts", "bogus"], ["--skip", "nothing"]):
+        proc = _run(["--cpu", *args, "--out", str(tmp_path)], tmp_path, timeout=60)
+        assert proc.returncode == 2 and "error:" in proc.stderr
+
+
+STAND_IN = """
+import collections, json, sys, types
+fake = types.ModuleType("cupy")  # only the memory pool the suite asks for
+
+
+class Pool:
+    def free_all_blocks(self):
+        pass
+
+    def total_bytes(self):
+        return 0
+
+
+fake.get_default_memory_pool = Pool
+sys.modules["cupy"] = fake
+sys.path[:0] = [sys.argv[1] + "/benchmarks", sys.argv[1]]
+import run_all
+import sklearn_cuwide._backends as backends
+import sklearn_cuwide._device as device
+from sklearn_cuwide._backends import _cpu
+
+seen = collections.Counter()
+run_epoch = _cpu.run_epoch
+
+
+def spy(*a, **kw):
+    seen[" ".join(sorted(kw))] += 1
+    return run_epoch(*a, **kw)
+
+
+_cpu.run_epoch = spy
+_cpu.default_ramp = lambda params: 8
+backends.get_backend = lambda dev: _cpu
+device.resolve_device = lambda dev, X=None: "cpu"
+run_all._gpu_available = lambda: True
+if __name__ == "__main__":
+    rc = run_all.main(sys.argv[3:])
+    with open(sys.argv[2], "w") as f:
+        json.dump(seen, f)
+    sys.exit(rc)
+"""
+
+
+def test_gpu_mode_control_flow_on_a_cpu_stand_in(tmp_path):
+    """``--gpu`` with the CPU backend standing in for the CUDA one (and a
+    stand-in cupy memory pool): the warm-ups, the first-epoch ramp, the
+    ablation switches, the estimators' warm-up fits and the scikit-learn
+    worker process all run; the GPU-only baselines are recorded, not fatal."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(STAND_IN)
+    out, seen_path = tmp_path / "out", tmp_path / "seen.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(driver), str(ROOT), str(seen_path), "--gpu", "--smoke",
+         "--sk-workers", "1", "--skip", "plots", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    seen = json.loads(seen_path.read_text())
+    assert res["env"]["mode"] == "gpu"
+    k = res["config"]["n_factors"]
+    for key in (("linear", 0, "adagrad", "logistic"), ("linear", 0, "sgd", "logistic"),
+                ("fm", k, "adagrad", "logistic"), ("fm", k, "adagrad", "squared")):
+        assert f"kernel {key}" in res["compile_s"]
+    assert {"estimator GPULogisticRegression", "estimator GPUFactorizationMachine"} <= set(
+        res["compile_s"])
+    # the first epoch of every fresh model warms the concurrency up; the
+    # ablation's switches reach run_epoch (first epoch and later ones)
+    assert seen["ramp"] > 0 and seen[""] > 0
+    for switch in ("acc_global", "n_rep"):
+        assert seen[f"{switch} ramp"] == 2 and seen[switch] == 2 * (res["config"]["epochs"] - 1)
+    _, entry = _main(res)
+    for sid in ("ours_lr_adagrad", "ours_fm", "est_lr_adagrad", "est_fm", "sk_lr", "sk_sgd"):
+        assert "error" not in entry["systems"][sid], entry["systems"][sid]
+        assert "test_auc" in entry["systems"][sid]
+    for sid in ("torch_lr", "cusparse_lr"):
+        assert "error" in entry["systems"][sid]
+    assert entry["systems"]["ours_lr_adagrad"]["gpu_peak_bytes"] == 0  # the stand-in pool
+
+
+def test_helpers_against_references():
+    assert run_all.time_to_target(
+        [{"time_s": 1.0, "test_logloss": 0.5}, {"time_s": 2.0, "test_logloss": 0.3}], 0.4) == 2.0
+    assert run_all.time_to_target([{"time_s": 1.0, "test_logloss": 0.5}], 0.4) == math.inf
+    x = np.array([1e3, 2e3, 4e3, 8e3])
+    fit = run_all.loglog_slope(x, 3.0 * x ** 1.25)
+    assert fit["slope"] == pytest.approx(1.25) and fit["r2"] == pytest.approx(1.0)
+    z = np.array([-1.0, 0.5, 2.0, -0.2])
+    y = np.array([0, 1, 1, 0])
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    m = run_all.metrics("binary", y, z)
+    assert m["test_logloss"] == pytest.approx(log_loss(y, 1 / (1 + np.exp(-z))))
+    assert m["test_auc"] == pytest.approx(roc_auc_score(y, z))
+    import scipy.sparse as sp
+
+    X = sp.random(50, 7, density=0.3, format="csr", random_state=0)
+    assert (run_all._csr_rows(X, 10, 30) != X[10:30]).nnz == 0
+
+
+def test_a_failed_device_skips_the_gpu_work_after_it():
+    """A sticky CUDA error (the context unusable) is detected after the
+    failing system; what follows is skipped with the reason, not run."""
+    args = run_all.parse_args(["--cpu", "--smoke"])
+    ctx = run_all.Ctx(False, run_all.make_config(args), args)
+    ctx.gpu = True  # as on the GPU machine, where a failure is followed by a probe
+
+    def broken_sync():
+        raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access")
+
+    def failing():
+        raise RuntimeError("kernel fault")
+
+    ctx.sync = broken_sync
+    rec = ctx.run("first", failing)
+    assert rec["error"].startswith("RuntimeError: kernel fault")
+    assert "illegal memory access" in ctx.dead and ctx.notes
+    ran = []
+    rec = ctx.run("next", lambda: (ctx.check_budget(), ran.append(1)))
+    assert "device failed" in rec["skipped"] and not ran
