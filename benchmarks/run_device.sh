@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call on the device machine, from the
 # source tree:  bash benchmarks/run_device.sh [tests|bench|all]
-#   tests: the gpu-marked tests, compute-sanitizer memcheck and racecheck over
-#          the kernel tests, and the demo on the GPU
-#   bench: benchmarks/bench_gpu.py (issue-3 targets) and the suite (issue 4)
+#   tests:    the gpu-marked tests and the demo on the GPU
+#   sanitize: compute-sanitizer memcheck and racecheck over the kernel tests
+#   bench:    benchmarks/bench_gpu.py (issue-3 targets)
+#   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
 # Logs and results go to $OUT (the device tool's folder) or benchmarks/results/device.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -19,20 +20,23 @@ step() {  # name, command...
   summary+=("$(printf '%-12s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-90)")")
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
-if [[ $what == tests || $what == all ]]; then
+if [[ $what == tests* || $what == all ]]; then
   step gpu_tests python -m pytest -q -p no:cacheprovider -m gpu tests
+  step demo python -m sklearn_cuwide.demo --n-samples 400000
+fi
+if [[ $what == *sanitize* || $what == all ]]; then
   K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32)'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$K"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "epoch_matches_reference or all_hot"
-  step demo python -m sklearn_cuwide.demo --n-samples 400000
 fi
-if [[ $what == bench || $what == all ]]; then
+if [[ $what == *bench* || $what == all ]]; then
   step bench_gpu python benchmarks/bench_gpu.py --out "$OUT/bench_gpu"
-  if [[ -f benchmarks/run_all.py ]]; then
-    step suite python benchmarks/run_all.py --gpu --out "$OUT/suite"
-  fi
+fi
+if [[ $what == *suite* || $what == all ]]; then
+  export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
+  step suite python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-250}" --out "$OUT/suite"
 fi
 echo
 cat "$OUT/gpu.txt"
