@@ -36,7 +36,8 @@ if [[ $what == *bench* || $what == all ]]; then
 fi
 if [[ $what == *suite* || $what == all ]]; then
   export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
-  step suite python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-250}" --out "$OUT/suite"
+  step suite python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-250}" \
+    --parts "${SUITE_PARTS:-floors,systems,real,ablation,scaling}" --out "$OUT/suite"
 fi
 echo
 cat "$OUT/gpu.txt"
