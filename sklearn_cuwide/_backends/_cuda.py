@@ -232,7 +232,7 @@ class DeviceLayout:
         self._bw = (batch_weight, dev)
         return dev
 
-    def concurrency_scale(self, n_concurrent, power=1.0):
+    def concurrency_scale(self, n_concurrent, power=1.0, cap=None):
         """Per-feature step scale for ``n_concurrent`` blocks in flight.
 
         A feature present in a fraction ``q`` of the mini-batches is updated
@@ -241,14 +241,18 @@ class DeviceLayout:
         (device array in layout order, scale of the intercept).
         """
         P = int(n_concurrent)
-        key = (P, float(power))
+        key = (P, float(power), cap)
         if key not in self._scales:
             if getattr(self, "_q", None) is None:
                 q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
                 self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
-            s = (1.0 + (P - 1) * self._q) ** (-power)
+            updaters = 1.0 + (P - 1) * self._q
+            if cap is not None:  # undamped up to `cap` concurrent updaters
+                s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
+            else:
+                s, sb = updaters ** (-power), float(P) ** -power
             self._scales = {}  # keep one level: 4 bytes per feature, not 4 per level
-            self._scales[key] = (s.astype(cp.float32), float(P) ** -power)
+            self._scales[key] = (s.astype(cp.float32), sb)
         return self._scales[key]
 
     @property
@@ -388,7 +392,9 @@ def run_epoch(
     otherwise every multiprocessor takes mini-batches concurrently
     (Hogwild, lock-free atomic updates), with each feature's step scaled
     down by the number of blocks expected to update it at once
-    (``staleness=True``; ``"sqrt"`` divides by its square root).
+    (``staleness=True``; ``"sqrt"`` divides by its square root; ``"capC"``
+    leaves features with at most C expected concurrent updaters undamped and
+    scales the others by C / updaters).
     ``sequential_prefix``: run the first that many mini-batches of
     ``batch_order`` in order on one block first.  ``ramp=K``: warm up the
     concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
@@ -447,8 +453,11 @@ def run_epoch(
         counter = null if seq else cp.zeros(1, dtype=cp.int32)
         g = min(g, n_work)
         if staleness and g > 1:
-            power = 0.5 if staleness == "sqrt" else 1.0
-            fscale, bscale = dl.concurrency_scale(g, power)
+            if isinstance(staleness, str) and staleness.startswith("cap"):
+                fscale, bscale = dl.concurrency_scale(g, cap=float(staleness[3:]))
+            else:
+                power = 0.5 if staleness == "sqrt" else 1.0
+                fscale, bscale = dl.concurrency_scale(g, power)
         else:
             fscale, bscale = null, 1.0
         feat, row, val = arrays
