@@ -19,20 +19,22 @@ import numpy as np
 # --------------------------------------------------------------------------
 # ceilings
 # --------------------------------------------------------------------------
-def _median_event_ms(fn, repeat=10, warmup=2):
+def time_events(fn):
+    """Milliseconds of device time ``fn()`` takes (CUDA events on the current stream)."""
     import cupy as cp
 
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b)
+
+
+def _median_event_ms(fn, repeat=10, warmup=2):
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeat):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
+    return float(np.median([time_events(fn) for _ in range(repeat)]))
 
 
 def copy_bandwidth(nbytes=2 << 30):
@@ -139,6 +141,16 @@ class TorchWide:
             loss.backward()
             self.opt_sparse.step()
             self.opt_dense.step()
+
+    def timed_epoch(self, data, batch_size, order):
+        """One epoch; returns its wall-clock milliseconds (device synchronised)."""
+        import time
+
+        self.torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.epoch(data, batch_size, order)
+        self.torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
 
     def decision(self, data, batch_size=1 << 16):
         indptr, indices, vals = data[:3]

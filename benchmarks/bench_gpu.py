@@ -34,7 +34,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from baselines import CusparseWide, TorchWide, copy_bandwidth, csr_bytes, h2d_bandwidth  # noqa: E402
+from baselines import (  # noqa: E402
+    CusparseWide,
+    TorchWide,
+    copy_bandwidth,
+    csr_bytes,
+    h2d_bandwidth,
+    time_events,
+)
 
 
 def log(*a):
@@ -78,17 +85,6 @@ def auc(y, s):
 def logloss(y, s):
     s = np.asarray(s, dtype=np.float64)
     return float(np.mean(np.logaddexp(0, s) - y * s))
-
-
-def time_events(fn):
-    import cupy as cp
-
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b)
 
 
 def run_ours(X, y, Xt, yt, *, model, n_factors, batch_size, epochs, lr, l2_w, l2_v,
@@ -167,8 +163,6 @@ def run_ours(X, y, Xt, yt, *, model, n_factors, batch_size, epochs, lr, l2_w, l2
 
 
 def run_torch(X, y, Xt, yt, *, n_factors, batch_size, epochs, lr, init_scale=0.01):
-    import torch
-
     m = TorchWide(X, n_factors=n_factors, lr=lr, init_scale=init_scale)
     data = m.put(X, y)
     test = m.put(Xt)
@@ -176,12 +170,7 @@ def run_torch(X, y, Xt, yt, *, n_factors, batch_size, epochs, lr, init_scale=0.0
     rng = np.random.default_rng(0)
     times = []
     for _ in range(epochs):
-        order = rng.permutation(nb)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        m.epoch(data, batch_size, order)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append(m.timed_epoch(data, batch_size, rng.permutation(nb)))
     dec = m.decision(test)
     return {"epoch_ms": float(np.median(times)), "epoch_ms_list": times,
             "test_auc": auc(yt, dec), "test_logloss": logloss(yt, dec)}

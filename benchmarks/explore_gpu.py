@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from baselines import time_events  # noqa: E402
 
 
 def main():
@@ -44,11 +47,6 @@ def main():
     Xtr, ytr, Xte, yte = X[: args.rows], y[: args.rows], X[args.rows:], y[args.rows:]
     print(f"data {time.perf_counter()-t0:.1f}s nnz {Xtr.nnz}", flush=True)
     out = {}
-
-    def ev_time(fn):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(); fn(); b.record(); b.synchronize()
-        return cp.cuda.get_elapsed_time(a, b)
 
     for name in args.models.split(","):
         k = 16 if name == "FM" else 0
@@ -85,10 +83,10 @@ def main():
                           ("no-aggregate", {"skip": 1}), ("no-hot-apply", {"skip": 2}),
                           ("no-cold-apply", {"skip": 4}), ("no-flush", {"skip": 8}),
                           ("only-loss", {"skip": 15})):
-            ts = [ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order, **kw)) for _ in range(3)]
+            ts = [time_events(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order, **kw)) for _ in range(3)]
             rows.append((label, float(np.median(ts))))
         if not args.no_timing:
-            t1 = ev_time(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:100], deterministic=True))
+            t1 = time_events(lambda: be.run_epoch(dl, yl, swl, bw, dst, params, order[:100], deterministic=True))
             rows.append(("sequential, per batch", t1 / 100))
         for r in rows:
             print(f"  {name} time {r[0]:>22}: {r[1]:.3f} ms", flush=True)
@@ -120,7 +118,7 @@ def main():
                 o = rng.permutation(L.n_batches)
                 kw = dict(staleness=stale, ramp=ramp if ep == 0 else 0)
                 box = {}
-                t_ep.append(ev_time(lambda: box.setdefault("l", be.run_epoch(dl, yl, swl, bw, dst, p2, o, **kw))))
+                t_ep.append(time_events(lambda: box.setdefault("l", be.run_epoch(dl, yl, swl, bw, dst, p2, o, **kw))))
                 losses.append(box["l"] / L.n_rows)
                 aucs.append(auc_of(dst))
             qrows.append(dict(staleness=str(stale), G0=G0, lr=lr, l2=l2, ramp=ramp, loss=losses, auc=aucs, ms=t_ep))

@@ -872,13 +872,9 @@ def run_torch(ctx, data, *, k, epochs, lr=LEARNING_RATE, seed=0):
     rng = np.random.default_rng(seed)
     times, curve, total = [], [], setup
     for ep in range(epochs):
-        order = rng.permutation(nb)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        m.epoch(train, BATCH, order)
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        times.append(dt * 1e3)
+        ms = m.timed_epoch(train, BATCH, rng.permutation(nb))
+        dt = ms * 1e-3
+        times.append(ms)
         total += dt
         curve.append({"epoch": ep + 1, "time_s": total,
                       **metrics(data.task, data.yt, m.decision(test))})

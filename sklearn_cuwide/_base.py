@@ -8,7 +8,7 @@ functions of :mod:`sklearn_cuwide._solvers` through the helpers here.
 """
 
 import numpy as np
-import scipy.sparse as sp
+from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
@@ -16,6 +16,7 @@ from sklearn.utils.validation import _check_sample_weight, validate_data
 
 from . import _device
 from ._backends import get_backend
+from ._sparse import canonical_csr as _as_csr  # noqa: F401 (used by the estimators)
 from ._solvers import fit_minibatch
 
 __all__ = []
@@ -40,21 +41,6 @@ def _to_host_if_cupy(a):
     if a is not None and _device.is_cupy_array(a):
         return a.get()
     return a
-
-
-def _as_csr(X, dtype=None):
-    """A CSR view or copy of ``X`` that is safe to read (never the user's
-    object modified): canonical (sorted, no duplicates) and of ``dtype``."""
-    if not sp.issparse(X):
-        X = sp.csr_matrix(np.asarray(X))
-    elif X.format != "csr":
-        X = X.tocsr()  # a new matrix
-    if not X.has_canonical_format:
-        X = X.copy()  # never sort the user's matrix in place
-        X.sum_duplicates()
-    if dtype is not None and X.dtype != dtype:
-        X = X.astype(dtype)
-    return X
 
 
 def _check_fit_data(est, X, y, sample_weight, *, reset=True, y_numeric=False):
@@ -376,7 +362,8 @@ class _WideClassifierMixin:
     """``decision_function`` and ``predict`` shared by the two classifiers.
 
     The class defines ``_decision(X)``, returning (n_samples, n_heads)
-    decision values, and ``classes_``.
+    decision values, ``classes_``, and ``_multiclass_log_proba(Z)``: the log
+    probabilities from the per-class scores of a multiclass model.
     """
 
     def decision_function(self, X):
@@ -412,3 +399,36 @@ class _WideClassifierMixin:
         Z = self.decision_function(X)
         idx = (Z > 0).astype(np.intp) if Z.ndim == 1 else Z.argmax(axis=1)
         return self.classes_[idx]
+
+    def predict_proba(self, X):
+        """Class probabilities (rows sum to 1), in the order of ``classes_``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        if Z.ndim == 1:
+            p = expit(Z)
+            return np.column_stack([1.0 - p, p])
+        return np.exp(self._multiclass_log_proba(Z))
+
+    def predict_log_proba(self, X):
+        """Logarithms of :meth:`predict_proba`.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        Z = self.decision_function(X)
+        if Z.ndim == 1:
+            return np.column_stack([log_expit(-Z), log_expit(Z)])
+        return self._multiclass_log_proba(Z)

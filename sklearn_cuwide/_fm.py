@@ -4,7 +4,7 @@ and GPUFactorizationMachineRegressor (squared loss)."""
 from numbers import Integral, Real
 
 import numpy as np
-from scipy.special import expit, log_expit, logsumexp
+from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import (
@@ -500,39 +500,10 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             for k in range(self.coef_.shape[0])
         ]
 
-    def predict_proba(self, X):
-        """Class probabilities (rows sum to 1), in the order of ``classes_``.
 
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        Z = self.decision_function(X)
-        P = expit(Z)
-        if Z.ndim == 1:
-            return np.column_stack([1.0 - P, P])
-        s = P.sum(axis=1, keepdims=True)
-        s[s == 0] = 1.0
-        return P / s
-
-    def predict_log_proba(self, X):
-        """Logarithms of :meth:`predict_proba`.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        Z = self.decision_function(X)
-        if Z.ndim == 1:
-            return np.column_stack([log_expit(-Z), log_expit(Z)])
+    @staticmethod
+    def _multiclass_log_proba(Z):
+        # one-vs-rest: each head's probability, normalised over the classes
         L = log_expit(Z)
         return L - logsumexp(L, axis=1, keepdims=True)
 

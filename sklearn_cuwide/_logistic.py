@@ -6,7 +6,7 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-from scipy.special import expit, log_expit, log_softmax, softmax
+from scipy.special import log_softmax
 from sklearn.base import ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Hidden, Interval, StrOptions
@@ -520,38 +520,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     def _heads(self):
         return [(self.coef_.T, self.intercept_, None)]
 
-    def predict_proba(self, X):
-        """Probabilities of the classes, in the order of ``classes_``.
+    @staticmethod
+    def _multiclass_log_proba(Z):
+        return log_softmax(Z, axis=1)  # multinomial
 
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        Z = self.decision_function(X)
-        if Z.ndim == 1:
-            p = expit(Z)
-            return np.column_stack([1.0 - p, p])
-        return softmax(Z, axis=1)
-
-    def predict_log_proba(self, X):
-        """Logarithms of the class probabilities.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        Z = self.decision_function(X)
-        if Z.ndim == 1:
-            return np.column_stack([log_expit(-Z), log_expit(Z)])
-        return log_softmax(Z, axis=1)
 
 
 def _intercept_prior(y_idx, sw, n_outputs):

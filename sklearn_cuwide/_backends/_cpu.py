@@ -21,6 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit, logsumexp
 
+from .._sparse import canonical_csr
+
 name = "cpu"
 xp = np
 
@@ -76,13 +78,7 @@ def get_state(state):
 
 def put_csr(X, dtype=None):
     """The matrix as the backend computes with it: canonical CSR."""
-    X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(X)
-    if dtype is not None and X.dtype != dtype:
-        X = X.astype(dtype)
-    if not X.has_canonical_format:
-        X = X.copy()
-        X.sum_duplicates()
-    return X
+    return canonical_csr(X, dtype)
 
 
 def synchronize():
@@ -211,13 +207,7 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, **_):
 # --------------------------------------------------------------------------
 def decision_function(X, w, b, V=None, fit_linear=True):
     """Decision values (n_samples, n_outputs), float64, of X (user order)."""
-    if sp.issparse(X):
-        X = X.tocsr()
-        if not X.has_canonical_format:  # the FM term is not linear in X
-            X = X.copy()
-            X.sum_duplicates()
-    else:
-        X = np.asarray(X)
+    X = canonical_csr(X) if sp.issparse(X) else np.asarray(X)
     out = np.zeros((X.shape[0], w.shape[1]))
     if fit_linear:
         out += np.asarray(X @ w.astype(np.float64))

@@ -20,9 +20,9 @@ import math
 import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
-import scipy.sparse as sp
 
 from .._kernels import get_kernel, kernel_name
+from .._sparse import canonical_csr
 from .._state import ModelState
 from . import _tiles
 
@@ -93,22 +93,11 @@ def synchronize():
 
 def put_csr(X, dtype=None):
     """A canonical cupyx CSR matrix on the device (no host round trip for cupy input)."""
-    if cpsp.issparse(X):
-        X = X.tocsr()
-    elif isinstance(X, cp.ndarray):
+    if isinstance(X, cp.ndarray):
         X = cpsp.csr_matrix(X)
-    else:
-        X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(np.asarray(X))
-        if not X.has_canonical_format:
-            X = X.copy()
-            X.sum_duplicates()
-        X = cpsp.csr_matrix(X)
-    if dtype is not None and X.dtype != dtype:
-        X = X.astype(dtype)
-    if not X.has_canonical_format:
-        X = X.copy()
-        X.sum_duplicates()
-    return X
+    elif not cpsp.issparse(X):
+        X = cpsp.csr_matrix(canonical_csr(X))  # canonical on the host, then copied
+    return canonical_csr(X, dtype)
 
 
 def put_state(state):
@@ -183,7 +172,7 @@ class DeviceLayout:
         self._pinned = None
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.counts = layout.feature_counts[layout.feature_order]
-        self._scales = {}
+        self._scale = self._q = None
         if isinstance(layout.feat, cp.ndarray):  # built on the device
             self.resident = self.uploaded = True
             self.feat, self.row, self.val = layout.feat, layout.row, layout.val
@@ -242,8 +231,8 @@ class DeviceLayout:
         """
         P = int(n_concurrent)
         key = (P, float(power), cap)
-        if key not in self._scales:
-            if getattr(self, "_q", None) is None:
+        if self._scale is None or self._scale[0] != key:
+            if self._q is None:
                 q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
                 self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
             updaters = 1.0 + (P - 1) * self._q
@@ -251,9 +240,9 @@ class DeviceLayout:
                 s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
             else:
                 s, sb = updaters ** (-power), float(P) ** -power
-            self._scales = {}  # keep one level: 4 bytes per feature, not 4 per level
-            self._scales[key] = (s.astype(cp.float32), sb)
-        return self._scales[key]
+            # one level kept: 4 bytes per feature, not 4 per level of the ramp
+            self._scale = (key, (s.astype(cp.float32), sb))
+        return self._scale[1]
 
     @property
     def nbytes(self):
@@ -381,7 +370,6 @@ def run_epoch(
     acc_global=False,
     grid=None,
     staleness="auto",
-    sequential_prefix=0,
     ramp=0,
     skip=0,
 ):
@@ -395,8 +383,7 @@ def run_epoch(
     (``staleness=True``; ``"sqrt"`` divides by its square root; ``"capC"``
     leaves features with at most C expected concurrent updaters undamped and
     scales the others by C / updaters).
-    ``sequential_prefix``: run the first that many mini-batches of
-    ``batch_order`` in order on one block first.  ``ramp=K``: warm up the
+    ``ramp=K``: warm up the
     concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
     per block, before the full grid (used in the first epoch of a fit: the
     first steps move the model most, and move it from the freshest weights).  ``n_rep`` and ``acc_global`` are
@@ -437,14 +424,11 @@ def run_epoch(
 
     # warm-up stages: (blocks, mini-batches), consumed by the first launches
     stages = []
-    if not deterministic:
-        if sequential_prefix:
-            stages.append((1, int(sequential_prefix)))
-        if ramp:
-            P = 1
-            while P < grid:
-                stages.append((P, int(ramp) * P))
-                P *= 2
+    if ramp and not deterministic:
+        P = 1
+        while P < grid:
+            stages.append((P, int(ramp) * P))
+            P *= 2
 
     def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
@@ -521,18 +505,10 @@ def _csr_arrays(X):
     scipy input keeps its index dtype (int64 indices beyond 2**31 nonzeros
     work: the predict kernel is templated on it); cupy input is used in place.
     """
-    if cpsp.issparse(X):
-        X = X.tocsr()
-        if not X.has_canonical_format:
-            X = X.copy()
-            X.sum_duplicates()
+    if cpsp.issparse(X) or isinstance(X, cp.ndarray):
+        X = put_csr(X)
         return X.indptr, X.indices, X.data, X.shape
-    if isinstance(X, cp.ndarray):
-        return _csr_arrays(cpsp.csr_matrix(X))
-    X = X.tocsr() if sp.issparse(X) else sp.csr_matrix(np.asarray(X))
-    if not X.has_canonical_format:
-        X = X.copy()
-        X.sum_duplicates()
+    X = canonical_csr(X)
     return cp.asarray(X.indptr), cp.asarray(X.indices), cp.asarray(X.data), X.shape
 
 
