@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--ramp-sweep", action="store_true")
+    ap.add_argument("--policy-sweep", action="store_true",
+                    help="FM: capC step policies against sqrt and plain sums")
+    ap.add_argument("--epochs", type=int, default=3)
     args = ap.parse_args()
     import cupy as cp
     from sklearn.metrics import roc_auc_score
@@ -94,7 +97,13 @@ def main():
         if args.no_quality:
             continue
         qrows = []
-        if args.ramp_sweep and k:
+        if args.policy_sweep and k:
+            grid = [(s_, 0.0, lr_, 1e-6, r_) for s_, lr_, r_ in (
+                ("sqrt", 0.05, 32), (False, 0.02, 32), ("cap6", 0.05, 32), ("cap4", 0.05, 32),
+                ("cap8", 0.05, 32), ("cap12", 0.05, 32), ("cap24", 0.05, 32), ("cap6", 0.1, 32),
+                ("cap6", 0.02, 32), ("cap6", 0.05, 128), ("cap12", 0.02, 32), (False, 0.01, 32),
+                ("cap4", 0.1, 32), ("sqrt", 0.1, 32), (False, 0.02, 128), ("cap6", 0.03, 64))]
+        elif args.ramp_sweep and k:
             grid = [(s_, 0.0, lr_, l2_, r_) for s_, lr_, l2_, r_ in (
                 ("sqrt", 0.05, 1e-6, 8), ("sqrt", 0.05, 1e-6, 32), (False, 0.05, 1e-6, 8),
                 (False, 0.05, 1e-6, 32), ("sqrt", 0.1, 1e-6, 32), ("sqrt", 0.05, 1e-4, 32),
@@ -114,7 +123,7 @@ def main():
             rng = np.random.default_rng(0)
             losses, aucs = [], []
             t_ep = []
-            for ep in range(3):
+            for ep in range(args.epochs):
                 o = rng.permutation(L.n_batches)
                 kw = dict(staleness=stale, ramp=ramp if ep == 0 else 0)
                 box = {}
@@ -126,7 +135,7 @@ def main():
                   f"{' '.join('%.4f' % a for a in aucs)} loss {' '.join('%.3f' % l for l in losses)} "
                   f"ms {' '.join('%.1f' % t for t in t_ep)}", flush=True)
         out[name + "_quality"] = qrows
-        best = max(qrows, key=lambda r: r["auc"][-1])
+        best = max(qrows, key=lambda r: r["auc"][min(2, len(r["auc"]) - 1)])
         print(f"  {name} best after 3 epochs: {best}", flush=True)
         del dl, L
         cp.get_default_memory_pool().free_all_blocks()

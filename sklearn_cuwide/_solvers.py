@@ -94,7 +94,6 @@ def fit_lbfgs_linear(
     n_iter : int, loss_curve : list of float
     """
     xp = backend.xp
-    X = backend.put_csr(X, dtype=np.float64)
     n, d = X.shape
     D = int(n_outputs)
     y = xp.asarray(backend.to_device(y), dtype=xp.float64)
@@ -102,19 +101,14 @@ def fit_lbfgs_linear(
     S = float(s.sum())
     lam = 0.0 if not math.isfinite(C) else 1.0 / (C * S)
     ws = s / S
-
-    def fun_grad(x):
-        W = x[: d * D].reshape(d, D)
-        Z = backend.matmul(X, W)
-        if fit_intercept:
-            Z = Z + x[d * D :]
-        lo, dZ = pointwise_loss(xp, Z, y, loss)
-        E = dZ * ws[:, None]
-        f = float(xp.dot(ws, lo) + 0.5 * lam * xp.dot(x[: d * D], x[: d * D]))
-        gW = backend.rmatmul(X, E) + lam * W
-        if fit_intercept:
-            return f, xp.concatenate([gW.ravel(), E.sum(axis=0)])
-        return f, gW.ravel()
+    fun_grad = backend.fused_objective(
+        X, y, ws, loss=loss, n_outputs=D, lam=lam, fit_intercept=fit_intercept
+    )
+    if fun_grad is None:
+        fun_grad = _linear_objective(
+            backend, X, y, ws, loss=loss, n_outputs=D, lam=lam,
+            fit_intercept=fit_intercept,
+        )
 
     n_par = d * D + (D if fit_intercept else 0)
     x0 = xp.zeros(n_par, dtype=xp.float64)
@@ -136,6 +130,32 @@ def fit_lbfgs_linear(
     coef = x[: d * D].reshape(d, D).T.copy()
     intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
     return coef, intercept, n_iter, curve
+
+
+def _linear_objective(backend, X, y, ws, *, loss, n_outputs, lam, fit_intercept):
+    """``fun_grad(x) -> (f, g)`` of the L-BFGS objective, from the backend's
+    sparse products and array operations (any loss, any number of outputs).
+
+    ``x`` holds ``W`` (n_features, n_outputs) row-major, then the intercepts.
+    """
+    xp = backend.xp
+    X = backend.put_csr(X, dtype=np.float64)
+    d, D = X.shape[1], n_outputs
+
+    def fun_grad(x):
+        W = x[: d * D].reshape(d, D)
+        Z = backend.matmul(X, W)
+        if fit_intercept:
+            Z = Z + x[d * D :]
+        lo, dZ = pointwise_loss(xp, Z, y, loss)
+        E = dZ * ws[:, None]
+        f = xp.dot(ws, lo) + 0.5 * lam * xp.dot(x[: d * D], x[: d * D])
+        gW = backend.rmatmul(X, E) + lam * W
+        if fit_intercept:
+            return f, xp.concatenate([gW.ravel(), E.sum(axis=0)])
+        return f, gW.ravel()
+
+    return fun_grad
 
 
 # --------------------------------------------------------------------------

@@ -231,3 +231,9 @@ def matmul(X, W):
 def rmatmul(X, E):
     """X.T @ E for a sparse X and a dense 2-D E (float64)."""
     return np.asarray(X.T @ E)
+
+
+def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
+    """No fused L-BFGS objective on the CPU: the solver's generic one (scipy
+    sparse products) is already one pass per product."""
+    return None

@@ -1,0 +1,113 @@
+// Full-batch objective of binary logistic regression for L-BFGS, in two
+// fused passes over the data (float64 accumulation; the data may be float32).
+//
+//   forward  (CSR of X, one warp per row):
+//       z_r = x_r . w + b;  E_r = s_r (sigmoid(z_r) - y_r)
+//       acc[0] += s_r (log(1 + exp(z_r)) - y_r z_r);  acc[1] += E_r
+//   backward (CSR of X^T, one warp per feature):
+//       g_j = sum_r X_rj E_r + lam w_j;  acc[2] += w_j^2;  g_d = acc[1]
+//
+// so the objective is acc[0] + lam / 2 acc[2] and g its gradient; the caller
+// zeroes acc before the forward pass.  Per-block partial sums meet in
+// shared memory and are added to acc with one double atomic per block.
+#include "cuwide_common.cuh"
+
+namespace cuwide_lbfgs {
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// sum over the block of one value per warp (lane 0's); result valid in thread 0
+__device__ __forceinline__ double block_sum_of_warps(double v, double* sh) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  double t = 0.0;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) t += sh[i];
+  }
+  __syncthreads();
+  return t;
+}
+
+}  // namespace cuwide_lbfgs
+
+template <typename IDX, typename T>
+__global__ void cuwide_lbfgs_logistic_forward(
+    const IDX* __restrict__ indptr, const IDX* __restrict__ indices,
+    const T* __restrict__ data, long long n_rows, const double* __restrict__ x,
+    long long d, int fit_intercept, const double* __restrict__ y,
+    const double* __restrict__ sw, double* __restrict__ E, double* __restrict__ acc) {
+  __shared__ double sh_lo[32], sh_e[32];
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  const double b = fit_intercept ? x[d] : 0.0;
+  double lo_sum = 0.0, e_sum = 0.0;  // lane 0's running sums
+  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n_rows;
+       r += warps) {
+    const long long p0 = (long long)indptr[r], p1 = (long long)indptr[r + 1];
+    double z = 0.0;
+    for (long long p = p0 + lane; p < p1; p += 32) z += (double)data[p] * x[indices[p]];
+    z = cuwide_lbfgs::warp_sum(z) + b;
+    if (lane == 0) {
+      const double yr = y[r], s = sw[r];
+      // log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)); sigmoid without overflow
+      const double ez = exp(-fabs(z));
+      const double lo = fmax(z, 0.0) + log1p(ez) - yr * z;
+      const double p = z >= 0.0 ? 1.0 / (1.0 + ez) : ez / (1.0 + ez);
+      const double e = s * (p - yr);
+      E[r] = e;
+      lo_sum += s * lo;
+      e_sum += e;
+    }
+  }
+  const double a = cuwide_lbfgs::block_sum_of_warps(lo_sum, sh_lo);
+  const double c = cuwide_lbfgs::block_sum_of_warps(e_sum, sh_e);
+  if (threadIdx.x == 0) {
+    atomicAdd(acc, a);
+    atomicAdd(acc + 1, c);
+  }
+}
+
+template <typename IDX, typename T>
+__global__ void cuwide_lbfgs_logistic_backward(
+    const IDX* __restrict__ tptr, const IDX* __restrict__ tind, const T* __restrict__ tdata,
+    long long d, const double* __restrict__ E, const double* __restrict__ x, double lam,
+    int fit_intercept, double* __restrict__ g, double* __restrict__ acc) {
+  __shared__ double sh_w2[32];
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  double w2 = 0.0;
+  for (long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; j < d;
+       j += warps) {
+    const long long p0 = (long long)tptr[j], p1 = (long long)tptr[j + 1];
+    double s = 0.0;
+    for (long long p = p0 + lane; p < p1; p += 32) s += (double)tdata[p] * E[tind[p]];
+    s = cuwide_lbfgs::warp_sum(s);
+    if (lane == 0) {
+      const double wj = x[j];
+      g[j] = s + lam * wj;
+      w2 += wj * wj;
+    }
+  }
+  const double t = cuwide_lbfgs::block_sum_of_warps(w2, sh_w2);
+  if (threadIdx.x == 0) {
+    atomicAdd(acc + 2, t);
+    if (fit_intercept && blockIdx.x == 0) g[d] = acc[1];  // forward pass is complete
+  }
+}
+
+#ifdef CUWIDE_NVCC_CHECK
+template __global__ void cuwide_lbfgs_logistic_forward<int, float>(
+    const int*, const int*, const float*, long long, const double*, long long, int,
+    const double*, const double*, double*, double*);
+template __global__ void cuwide_lbfgs_logistic_forward<long long, double>(
+    const long long*, const long long*, const double*, long long, const double*, long long,
+    int, const double*, const double*, double*, double*);
+template __global__ void cuwide_lbfgs_logistic_backward<int, float>(
+    const int*, const int*, const float*, long long, const double*, const double*, double,
+    int, double*, double*);
+#endif
