@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--policy-sweep", action="store_true",
                     help="FM: capC step policies against sqrt and plain sums")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--grid", default="",
+                    help="FM quality grid 'staleness:lr:l2_v:ramp,...' (staleness False/True/sqrt/capC)")
     args = ap.parse_args()
     import cupy as cp
     from sklearn.metrics import roc_auc_score
@@ -97,7 +99,13 @@ def main():
         if args.no_quality:
             continue
         qrows = []
-        if args.policy_sweep and k:
+        if args.grid and k:
+            conv = {"False": False, "True": True}
+            grid = []
+            for item in args.grid.split(","):
+                s_, lr_, l2_, r_ = item.split(":")
+                grid.append((conv.get(s_, s_), 0.0, float(lr_), float(l2_), int(r_)))
+        elif args.policy_sweep and k:
             grid = [(s_, 0.0, lr_, 1e-6, r_) for s_, lr_, r_ in (
                 ("sqrt", 0.05, 32), (False, 0.02, 32), ("cap6", 0.05, 32), ("cap4", 0.05, 32),
                 ("cap8", 0.05, 32), ("cap12", 0.05, 32), ("cap24", 0.05, 32), ("cap6", 0.1, 32),

@@ -12,7 +12,7 @@ from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import _check_sample_weight, validate_data
+from sklearn.utils.validation import _check_sample_weight, _check_y, validate_data
 
 from . import _device
 from ._backends import get_backend
@@ -35,33 +35,74 @@ COMPUTE_DTYPE = np.float32
 def _to_host_if_cupy(a):
     """Bring a cupy array or cupyx sparse matrix to the host (else no-op).
 
-    The one place where device input meets the CPU path: the CUDA path will
-    replace it with a device-side one.
+    Used for ``y`` and ``sample_weight`` (small), and for ``X`` when the fit
+    or the prediction runs on the CPU backend.
     """
     if a is not None and _device.is_cupy_array(a):
         return a.get()
     return a
 
 
-def _check_fit_data(est, X, y, sample_weight, *, reset=True, y_numeric=False):
+def _on_device(X, backend):
+    """True when ``X`` is cupy / cupyx and ``backend`` computes on a GPU:
+    ``X`` is then validated and used where it is, never copied to the host."""
+    return (
+        backend is not None
+        and getattr(backend, "name", "cpu") != "cpu"
+        and _device.is_cupy_array(X)
+    )
+
+
+def _validate_X_on_device(est, X, backend):
+    """``X`` checked on the device (scikit-learn's checks and messages), as a
+    canonical cupyx CSR matrix of float32 or float64."""
+    return backend.validate_input(X, estimator_name=type(est).__name__)
+
+
+def _check_fit_data(est, X, y, sample_weight, *, reset=True, y_numeric=False,
+                    backend=None):
     """Validate ``X``, ``y`` and ``sample_weight`` for fit / partial_fit.
 
-    Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D) and the
-    sample weights as a new float64 array (ones when ``None``).
+    Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D numpy)
+    and the sample weights as a new float64 numpy array (ones when ``None``).
+
+    ``backend``: the backend the fit runs on.  When it is a GPU backend and
+    ``X`` is a cupy array or a cupyx sparse matrix, ``X`` is validated on
+    the device and returned as a canonical cupyx CSR matrix (no host round
+    trip); ``y`` and ``sample_weight`` come to the host.  On the CPU backend
+    cupy input is copied to the host first and validated there.
     """
-    X, y, sample_weight = (_to_host_if_cupy(a) for a in (X, y, sample_weight))
-    X, y = validate_data(
-        est,
-        X,
-        y,
-        reset=reset,
-        accept_sparse=ACCEPT_SPARSE,
-        dtype=DTYPES,
-        accept_large_sparse=True,
-        y_numeric=y_numeric,
-    )
+    if _on_device(X, backend):
+        X = _validate_X_on_device(est, X, backend)
+        y = _to_host_if_cupy(y)
+        if y is not None:
+            y = _check_y(y, y_numeric=y_numeric, estimator=est)
+            if y.shape[0] != X.shape[0]:
+                raise ValueError(
+                    "Found input variables with inconsistent numbers of "
+                    f"samples: {[int(X.shape[0]), int(y.shape[0])]!r}"
+                )
+        # feature names and n_features_in_, as validate_data does (and its
+        # error when y is None)
+        validate_data(est, X, y, reset=reset, skip_check_array=True)
+        # sample weights only need the number of rows of X
+        sw_like = np.empty((X.shape[0], 0))
+    else:
+        X, y = (_to_host_if_cupy(a) for a in (X, y))
+        X, y = validate_data(
+            est,
+            X,
+            y,
+            reset=reset,
+            accept_sparse=ACCEPT_SPARSE,
+            dtype=DTYPES,
+            accept_large_sparse=True,
+            y_numeric=y_numeric,
+        )
+        sw_like = X
     sw = _check_sample_weight(
-        sample_weight, X, dtype=np.float64, ensure_non_negative=True
+        _to_host_if_cupy(sample_weight), sw_like, dtype=np.float64,
+        ensure_non_negative=True,
     )
     sw = np.array(sw, dtype=np.float64)  # our own copy, whatever was passed
     if not sw.sum() > 0:
@@ -71,8 +112,16 @@ def _check_fit_data(est, X, y, sample_weight, *, reset=True, y_numeric=False):
     return X, y, sw
 
 
-def _check_predict_data(est, X):
-    """Validate ``X`` for prediction (the estimator is already fitted)."""
+def _check_predict_data(est, X, backend=None):
+    """Validate ``X`` for prediction (the estimator is already fitted).
+
+    ``backend``: the backend the prediction runs on; cupy / cupyx ``X`` is
+    validated on the device when it is a GPU backend (a canonical cupyx CSR
+    matrix is returned), and copied to the host otherwise.
+    """
+    if _on_device(X, backend):
+        X = _validate_X_on_device(est, X, backend)
+        return validate_data(est, X, reset=False, skip_check_array=True)
     X = _to_host_if_cupy(X)
     return validate_data(
         est,
@@ -82,6 +131,14 @@ def _check_predict_data(est, X):
         dtype=DTYPES,
         accept_large_sparse=True,
     )
+
+
+def _take_rows(X, rows, backend):
+    """Rows ``rows`` (a numpy index array) of a CSR matrix: on the device,
+    with the index array copied there, for a cupyx matrix."""
+    if _device.is_cupy_array(X):
+        return X[backend.to_device(rows)]
+    return X[rows]
 
 
 def _seeds(random_state, n=4):
@@ -209,7 +266,7 @@ _CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
 
 
 def _sgd_auto_learning_rate(X, sw, *, loss, fit_intercept, n_iter=30,
-                            max_rows=100_000, seed=0):
+                            max_rows=100_000, seed=0, backend=None):
     """``1 / L`` with ``L`` the Lipschitz constant of the mean loss's gradient.
 
     ``lambda_max`` of the weighted second-moment matrix of ``X`` (with a
@@ -217,26 +274,37 @@ def _sgd_auto_learning_rate(X, sw, *, loss, fit_intercept, n_iter=30,
     at most ``max_rows`` rows.  On one-hot click data it is small (the
     features hardly overlap) and the step large; on dense correlated data
     it is large and the step small, so plain sgd is stable on both.
+
+    A cupyx ``X`` (which needs its ``backend``) is used on the device, in
+    float64: only the norm of each iterate reaches the host.
     """
+    on_device = _device.is_cupy_array(X)
+    if on_device and backend is None:
+        raise ValueError("a device matrix X needs the backend it lives on")
+    xp = backend.xp if on_device else np
     X = _as_csr(X)
     sw = np.asarray(sw, dtype=np.float64)
     rng = np.random.default_rng(seed)
     if X.shape[0] > max_rows:
         rows = np.sort(rng.choice(X.shape[0], size=max_rows, replace=False))
-        X, sw = X[rows], sw[rows]
+        X, sw = _take_rows(X, rows, backend), sw[rows]
     S = sw.sum()
     d = X.shape[1]
     v = rng.standard_normal(d + 1)
     if not fit_intercept:
         v[d] = 0.0
+    ws = sw / S
+    if on_device:
+        X = X.astype(np.float64)
+        v, ws = backend.to_device(v), backend.to_device(ws)
     lam = 0.0
     for _ in range(n_iter):
         u = X @ v[:d] + v[d]
-        u *= sw / S
-        g = np.empty_like(v)
+        u *= ws
+        g = xp.empty_like(v)
         g[:d] = X.T @ u
         g[d] = u.sum() if fit_intercept else 0.0
-        lam = float(np.linalg.norm(g))
+        lam = float(xp.linalg.norm(g))
         if not lam > 0:
             break
         v = g / lam
@@ -335,16 +403,20 @@ class _CuWideEstimator(BaseEstimator):
             return None
         return cache["heads"]
 
-    def _decision(self, X):
-        """Decision values (n_samples, n_outputs) of validated ``X``.
-
-        On the device the model was fitted on when it is usable here, on the
-        CPU otherwise or when ``device="cpu"`` is set now.
-        """
+    def _prediction_backend(self):
+        """The backend to predict with: the device the model was fitted on
+        when it is usable here, the CPU otherwise or when ``device="cpu"`` is
+        set now."""
         device = getattr(self, "device_", "cpu")
         if isinstance(self.device, str) and self.device.strip().lower() == "cpu":
             device = "cpu"
-        backend = _predict_backend(device)
+        return _predict_backend(device)
+
+    def _decision(self, X, backend=None):
+        """Decision values (n_samples, n_outputs) of validated ``X``, with
+        ``backend`` (default: :meth:`_prediction_backend`)."""
+        if backend is None:
+            backend = self._prediction_backend()
         cache = None if backend.name == "cpu" else self._valid_gpu_cache()
         return _decision_values(backend, X, self._heads(), gpu_cache=cache)
 
@@ -381,8 +453,9 @@ class _WideClassifierMixin:
         from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self)
-        X = _check_predict_data(self, X)
-        Z = self._decision(X)
+        backend = self._prediction_backend()
+        X = _check_predict_data(self, X, backend)
+        Z = self._decision(X, backend)
         return Z[:, 0] if Z.shape[1] == 1 else Z
 
     def predict(self, X):

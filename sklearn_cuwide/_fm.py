@@ -28,6 +28,8 @@ from ._base import (
     _run_minibatch,
     _seeds,
     _sgd_auto_learning_rate,
+    _take_rows,
+    _to_host_if_cupy,
     _validation_split,
 )
 from ._state import ModelState, StepParams
@@ -183,12 +185,13 @@ class _BaseFM(_CuWideEstimator):
     # subclasses: the loss, the targets of the heads and the fitted shapes
     _loss = None
 
-    def _learning_rate(self, X, sw):
+    def _learning_rate(self, X, sw, backend):
         if self.learning_rate != "auto":
             return float(self.learning_rate)
         if self.solver == "sgd":
             return _sgd_auto_learning_rate(
-                X, sw, loss=self._loss, fit_intercept=self.fit_intercept
+                X, sw, loss=self._loss, fit_intercept=self.fit_intercept,
+                backend=backend,
             )
         return _ADAGRAD_AUTO_LEARNING_RATE
 
@@ -232,13 +235,13 @@ class _BaseFM(_CuWideEstimator):
             tr, va = _validation_split(
                 n_samples, self.validation_fraction, stratify, seed_split
             )
-            Xv, swv = X[va], sw[va]
-            X, sw = X[tr], sw[tr]
+            Xv, swv = _take_rows(X, va, backend), sw[va]
+            X, sw = _take_rows(X, tr, backend), sw[tr]
         params = StepParams(
             model="fm",
             loss=self._loss,
             solver=self.solver,
-            learning_rate=self._learning_rate(X, sw),
+            learning_rate=self._learning_rate(X, sw, backend),
             l2_w=float(self.alpha),
             l2_v=float(self.beta),
             fit_intercept=self.fit_intercept,
@@ -413,7 +416,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             The fitted estimator.
         """
         device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                   backend=backend)
         check_classification_targets(y)
         classes, y_idx = np.unique(y, return_inverse=True)
         if classes.size < 2:
@@ -459,9 +463,10 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit.")
         device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                   backend=backend)
         check_classification_targets(y)
-        _check_partial_fit_first_call(self, classes)
+        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
         if self.classes_.size < 2:
             cls = self.classes_
             del self.classes_
@@ -585,7 +590,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         """
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                   y_numeric=True)
+                                   y_numeric=True, backend=backend)
         warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
         self.device_ = device_
         results = self._fit_heads(
@@ -613,7 +618,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         first = not hasattr(self, "coef_")
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
-                                   y_numeric=True)
+                                   y_numeric=True, backend=backend)
         warm = None if first else self._warm_states(X.shape[1], 1)
         self.device_ = device_
         results = self._fit_heads(
@@ -643,5 +648,6 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         ndarray of shape (n_samples,)
         """
         check_is_fitted(self)
-        X = _check_predict_data(self, X)
-        return self._decision(X)[:, 0]
+        backend = self._prediction_backend()
+        X = _check_predict_data(self, X, backend)
+        return self._decision(X, backend)[:, 0]

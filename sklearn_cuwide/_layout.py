@@ -121,12 +121,18 @@ class TileLayout:
         return slice(int(self.tile_ptr[2 * g]), int(self.tile_ptr[2 * g + 2]))
 
 
-def frequency_ranking(indices, n_features):
+def frequency_ranking(indices, n_features, xp=np):
     """Renumber features by descending frequency (ties keep their order).
 
-    Returns ``(counts, order, rank)``: ``order[new] = old``, ``rank[old] = new``.
+    ``indices`` may live on the device (``xp`` = cupy): they are counted
+    there and only the ``n_features`` counts come to the host.
+    Returns ``(counts, order, rank)`` (numpy): ``order[new] = old``,
+    ``rank[old] = new``.
     """
-    counts = np.bincount(indices, minlength=n_features).astype(np.int64)
+    counts = xp.bincount(indices, minlength=n_features)
+    if xp is not np:
+        counts = counts.get()
+    counts = np.asarray(counts, dtype=np.int64)
     order = np.argsort(-counts, kind="stable").astype(np.int64)
     rank = np.empty(n_features, dtype=np.int64)
     rank[order] = np.arange(n_features, dtype=np.int64)
@@ -157,6 +163,19 @@ def _gather_rows(xp, indptr, indices, data, users):
     return ptr, indices[src], data[src]
 
 
+def _gather_rows_into(indptr, indices, data, users, ptr, idx, val):
+    """:func:`_gather_rows` on the host, writing into ``ptr``, ``idx``, ``val``
+    (sized for the rows ``users``; pinned staging buffers)."""
+    starts = indptr[users]
+    lens = indptr[users + 1] - starts
+    ptr[0] = 0
+    np.cumsum(lens, out=ptr[1:])
+    src = np.repeat(starts - ptr[:-1], lens)
+    src += np.arange(src.shape[0], dtype=np.int64)
+    np.take(indices, src, out=idx, mode="clip")  # in range: clip never clips
+    np.take(data, src, out=val, mode="clip")
+
+
 def _segment_ids(xp, ptr, total):
     """For each of ``total`` positions, the segment of ``ptr`` it falls in."""
     if xp is np:
@@ -176,6 +195,8 @@ def build_layout(
     dtype=np.float32,
     xp=None,
     chunk_nnz=None,
+    _overlap=True,
+    _timing=None,
 ):
     """Build the tiled, feature-major training layout of a sparse matrix.
 
@@ -207,6 +228,16 @@ def build_layout(
         Sort at most about this many nonzeros at a time (whole mini-batches
         per chunk); bounds the temporary memory.  ``None``: 2**24 on the
         host, 2**23 on a GPU.
+    _overlap : bool, default=True
+        Private.  With ``xp`` cupy and a host matrix, gather each chunk into
+        pinned memory (on a worker thread) while the GPU sorts the previous
+        one, and copy it on a second stream (see :mod:`._backends._staging`);
+        ``False`` copies the chunks synchronously.  The layout is the same,
+        bit for bit, either way.
+    _timing : dict or None
+        Private, for benchmarks (GPU only): receives ``"copies"``, a list of
+        ``(start, end)`` CUDA events around each chunk's host -> device copy,
+        and ``"loop"``, the events around the chunk loop.
 
     Returns
     -------
@@ -226,9 +257,9 @@ def build_layout(
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
 
     # --- the plan, on the host ------------------------------------------
-    host_indices = indices.get() if on_device_input else indices
-    counts, order, rank = frequency_ranking(host_indices, n_features)
-    del host_indices
+    counts, order, rank = frequency_ranking(
+        indices, n_features, xp=xp if on_device_input else np
+    )
     if shuffle and n_rows > 1:
         rng = np.random.default_rng(random_state)
         row_order = rng.permutation(n_rows).astype(np.int64)
@@ -285,62 +316,131 @@ def build_layout(
     src_xp = xp if on_device_input else np
     pos_out = 0
     identity = not shuffle
-    for b0, b1 in zip(bounds[:-1], bounds[1:]):
+    chunks = list(zip(bounds[:-1], bounds[1:]))
+    timing = _timing if xp is not np else None
+    if timing is not None:
+        timing["copies"] = []
+        loop_start = xp.cuda.get_current_stream().record()
+    uploader = None
+    if _overlap and xp is not np and not on_device_input:
+        # host matrix, GPU build: gather chunk i + 1 into pinned memory while
+        # the GPU sorts chunk i, and copy it on a second stream
+        live = [(b0, b1) for b0, b1 in chunks if batch_nnz_start[b1] > batch_nnz_start[b0]]
+        if len(live) >= 2:
+            from ._backends._staging import ChunkUploader
+
+            chunks = live
+            uploader = ChunkUploader(
+                xp,
+                max_rows=max(min(n_rows, b1 * batch_size) - b0 * batch_size for b0, b1 in live),
+                max_nnz=max(int(batch_nnz_start[b1] - batch_nnz_start[b0]) for b0, b1 in live),
+                index_dtype=indices.dtype,
+                value_dtype=data.dtype,
+                timing=None if timing is None else timing["copies"],
+            )
+
+    def stage(b0, b1):
+        """Start gathering chunk (b0, b1) into pinned memory (worker thread)."""
         r0, r1 = b0 * batch_size, min(n_rows, b1 * batch_size)
-        if identity and r0 == 0 and r1 == n_rows:
-            c_ptr, c_idx, c_val = indptr, indices, data
-        elif identity:
-            a, b = int(indptr[r0]), int(indptr[r1])
-            c_ptr = indptr[r0 : r1 + 1] - indptr[r0]
-            c_idx, c_val = indices[a:b], data[a:b]
-        else:
-            users = src_xp.asarray(row_order[r0:r1])
-            c_ptr, c_idx, c_val = _gather_rows(src_xp, indptr, indices, data, users)
-        c_ptr = xp.asarray(c_ptr, dtype=xp.int64)
-        c_idx = xp.asarray(c_idx)
-        c_val = xp.asarray(c_val)
-        nc = int(c_idx.shape[0])
-        if nc == 0:
-            continue
-        lrow = r0 + _segment_ids(xp, c_ptr, nc)
-        bt = lrow // batch_size
-        pos = lrow - bt * batch_size
-        g = bsp_x[bt] + pos // sample_block
-        local = pos % sample_block
-        del bt, pos, lrow
-        nf = rank_x[c_idx]
-        del c_idx
-        if n_sblocks * n_features * sample_block < 2**62:
-            key = (g * n_features + nf) * sample_block + local
-            perm = xp.argsort(key)
-            key = key[perm]
-            dup = key[1:] == key[:-1]
-            del key
-        else:  # pragma: no cover - astronomically large shapes
-            perm = xp.lexsort(xp.stack((local, nf, g)))
-            gs, nfs, ls = g[perm], nf[perm], local[perm]
-            dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
-        g, nf, local = g[perm], nf[perm], local[perm]
-        vals = c_val.astype(dtype, copy=False)[perm]
-        del perm, c_val
-        if bool(dup.any()):  # duplicate (row, feature) entries are summed
-            keep = xp.concatenate((xp.ones(1, dtype=bool), ~dup))
-            seg = xp.cumsum(keep) - 1
-            vals = xp.bincount(seg, weights=vals.astype(xp.float64)).astype(dtype)
-            starts = xp.flatnonzero(keep)
-            g, nf, local = g[starts], nf[starts], local[starts]
-        del dup
-        m = int(vals.shape[0])
-        feat[pos_out : pos_out + m] = nf
-        row[pos_out : pos_out + m] = local
-        val[pos_out : pos_out + m] = vals
-        tile = 2 * g + (nf >= n_hot)
-        g0 = int(batch_sblock_ptr[b0])
-        g1 = int(batch_sblock_ptr[b1])
-        tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
-        tile_counts[2 * g0 : 2 * g1] = tc.get() if xp is not np else tc
-        pos_out += m
-        del g, nf, local, vals, tile
+        nnz = int(batch_nnz_start[b1] - batch_nnz_start[b0])
+
+        def fill(c_ptr, c_idx, c_val):  # host only: numpy, no device call
+            if identity:
+                np.subtract(indptr[r0 : r1 + 1], indptr[r0], out=c_ptr)
+                a = int(indptr[r0])
+                c_idx[...] = indices[a : a + nnz]
+                c_val[...] = data[a : a + nnz]
+            else:
+                _gather_rows_into(
+                    indptr, indices, data, row_order[r0:r1], c_ptr, c_idx, c_val
+                )
+
+        return uploader.stage(fill, r1 - r0, nnz)
+
+    try:
+        if uploader is not None:
+            ready = uploader.upload(stage(*chunks[0]))
+        for k, (b0, b1) in enumerate(chunks):
+            r0, r1 = b0 * batch_size, min(n_rows, b1 * batch_size)
+            if uploader is not None:
+                if k + 1 < len(chunks):  # the worker gathers the next chunk meanwhile
+                    pending = stage(*chunks[k + 1])
+                slot, (c_ptr, c_idx, c_val) = ready
+                uploader.acquire(slot)
+            else:
+                if identity and r0 == 0 and r1 == n_rows:
+                    c_ptr, c_idx, c_val = indptr, indices, data
+                elif identity:
+                    a, b = int(indptr[r0]), int(indptr[r1])
+                    c_ptr = indptr[r0 : r1 + 1] - indptr[r0]
+                    c_idx, c_val = indices[a:b], data[a:b]
+                else:
+                    users = src_xp.asarray(row_order[r0:r1])
+                    c_ptr, c_idx, c_val = _gather_rows(src_xp, indptr, indices, data, users)
+                if timing is not None:
+                    copy_start = xp.cuda.get_current_stream().record()
+                c_ptr = xp.asarray(c_ptr, dtype=xp.int64)
+                c_idx = xp.asarray(c_idx)
+                c_val = xp.asarray(c_val)
+                if timing is not None:
+                    timing["copies"].append(
+                        (copy_start, xp.cuda.get_current_stream().record())
+                    )
+            nc = int(c_idx.shape[0])
+            if nc == 0:
+                continue
+            lrow = r0 + _segment_ids(xp, c_ptr, nc)
+            bt = lrow // batch_size
+            pos = lrow - bt * batch_size
+            g = bsp_x[bt] + pos // sample_block
+            local = pos % sample_block
+            del bt, pos, lrow
+            nf = rank_x[c_idx]
+            del c_idx
+            if n_sblocks * n_features * sample_block < 2**62:
+                key = (g * n_features + nf) * sample_block + local
+                perm = xp.argsort(key)
+                key = key[perm]
+                dup = key[1:] == key[:-1]
+                del key
+            else:  # pragma: no cover - astronomically large shapes
+                perm = xp.lexsort(xp.stack((local, nf, g)))
+                gs, nfs, ls = g[perm], nf[perm], local[perm]
+                dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
+            g, nf, local = g[perm], nf[perm], local[perm]
+            vals = c_val.astype(dtype, copy=False)[perm]
+            del perm, c_val, c_ptr
+            if uploader is not None:
+                # this chunk's kernels are enqueued and nothing reads its slot
+                # any more: start the next chunk's copy (it runs while the GPU
+                # finishes this chunk), then the host syncs of this chunk below
+                uploader.release(slot)
+                if k + 1 < len(chunks):
+                    ready = uploader.upload(pending)
+            if bool(dup.any()):  # duplicate (row, feature) entries are summed
+                keep = xp.concatenate((xp.ones(1, dtype=bool), ~dup))
+                seg = xp.cumsum(keep) - 1
+                vals = xp.bincount(seg, weights=vals.astype(xp.float64)).astype(dtype)
+                starts = xp.flatnonzero(keep)
+                g, nf, local = g[starts], nf[starts], local[starts]
+            del dup
+            m = int(vals.shape[0])
+            feat[pos_out : pos_out + m] = nf
+            row[pos_out : pos_out + m] = local
+            val[pos_out : pos_out + m] = vals
+            tile = 2 * g + (nf >= n_hot)
+            g0 = int(batch_sblock_ptr[b0])
+            g1 = int(batch_sblock_ptr[b1])
+            tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
+            tile_counts[2 * g0 : 2 * g1] = tc.get() if xp is not np else tc
+            pos_out += m
+            del g, nf, local, vals, tile
+    finally:
+        if uploader is not None:
+            uploader.close()  # the worker and every copy done: buffers may go
+            uploader = ready = pending = None
+    if timing is not None:
+        timing["loop"] = (loop_start, xp.cuda.get_current_stream().record())
 
     tile_ptr = np.zeros(2 * n_sblocks + 1, dtype=np.int64)
     np.cumsum(tile_counts, out=tile_ptr[1:])

@@ -20,7 +20,30 @@ import math
 
 import numpy as np
 
-__all__ = ["minimize_lbfgs", "two_loop_coefficients"]
+__all__ = ["minimize_lbfgs", "two_loop_coefficients", "ArrayMemoryOps"]
+
+
+class ArrayMemoryOps:
+    """The two products with the stored pairs, in plain array operations.
+
+    A backend may pass its own object with the same two methods (the CUDA
+    backend reads the stored pairs once per product in one kernel).
+    """
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def gram(self, B, s, y, g):
+        """``[B @ s, B @ y, B @ g]`` as a host (3, rows of B) float64 array."""
+        xp = self.xp
+        prods = xp.concatenate((B @ s, B @ y, B @ g))
+        return np.asarray(_to_host(prods), dtype=np.float64).reshape(3, B.shape[0])
+
+    def direction(self, B, c, cg, g):
+        """``-(B.T @ c + cg g)`` (a new array)."""
+        d = B.T @ self.xp.asarray(-c)
+        d -= cg * g
+        return d
 
 
 def two_loop_coefficients(G, gB, pairs):
@@ -67,7 +90,8 @@ def two_loop_coefficients(G, gB, pairs):
 
 
 def minimize_lbfgs(
-    fun_grad, x0, xp, *, max_iter=100, gtol=1e-4, ftol=None, m=10, callback=None
+    fun_grad, x0, xp, *, max_iter=100, gtol=1e-4, ftol=None, m=10, callback=None,
+    memory_ops=None,
 ):
     """Minimise a smooth function with L-BFGS and a backtracking Wolfe search.
 
@@ -87,6 +111,8 @@ def minimize_lbfgs(
         Stop when ``(f_k - f_{k+1}) / max(|f_k|, |f_{k+1}|, 1) <= ftol``.
     m : int
         Number of correction pairs kept.
+    memory_ops : object, default :class:`ArrayMemoryOps`
+        ``gram`` and ``direction``, the products with the stored pairs.
 
     Returns
     -------
@@ -96,6 +122,7 @@ def minimize_lbfgs(
         ftol = 64 * 2.220446049250313e-16
     n = x0.shape[0]
     x = x0.copy()
+    ops = ArrayMemoryOps(xp) if memory_ops is None else memory_ops
 
     def evaluate(xt, d, extra=None):
         """f, g at ``xt`` and the scalars [extra, f, g.d, max|g|], read at once."""
@@ -120,8 +147,7 @@ def minimize_lbfgs(
     while not converged and n_iter < max_iter:
         if pairs:
             c, cg = two_loop_coefficients(G, gB, pairs)
-            d = B.T @ xp.asarray(-c)
-            d -= cg * g
+            d = ops.direction(B, c, cg, g)
         else:  # steepest descent, first step of length 1 / ||g||
             gnorm = float(xp.sqrt(xp.dot(g, g)))
             d = g * (-1.0 / max(gnorm, 1e-12))
@@ -170,10 +196,7 @@ def minimize_lbfgs(
         xp.subtract(xn, x, out=B[2 * slot])
         xp.subtract(gn, g, out=B[2 * slot + 1])
         # one read: the new pair and the new gradient against every slot
-        prods = xp.concatenate(
-            (B @ B[2 * slot], B @ B[2 * slot + 1], B @ gn)
-        )
-        prods = np.asarray(_to_host(prods), dtype=np.float64).reshape(3, 2 * m)
+        prods = ops.gram(B, B[2 * slot], B[2 * slot + 1], gn)
         sy, yy = prods[0, 2 * slot + 1], prods[1, 2 * slot + 1]
         if sy > 1e-12 * yy:
             G[2 * slot, :] = G[:, 2 * slot] = prods[0]

@@ -31,6 +31,8 @@ from ._base import (
     _run_minibatch,
     _seeds,
     _sgd_auto_learning_rate,
+    _take_rows,
+    _to_host_if_cupy,
     _validation_split,
 )
 from ._solvers import fit_lbfgs_linear
@@ -284,12 +286,12 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             raise ValueError("l1_ratio must be specified when penalty is elasticnet.")
         return C, float(l1_ratio)
 
-    def _learning_rate(self, X, sw, loss):
+    def _learning_rate(self, X, sw, loss, backend):
         if self.learning_rate != "auto":
             return float(self.learning_rate)
         if self.solver == "sgd":
             return _sgd_auto_learning_rate(
-                X, sw, loss=loss, fit_intercept=self.fit_intercept
+                X, sw, loss=loss, fit_intercept=self.fit_intercept, backend=backend
             )
         return _ADAGRAD_AUTO_LEARNING_RATE
 
@@ -323,7 +325,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "for an L1 or elastic-net penalty."
             )
         device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                   backend=backend)
         check_classification_targets(y)
         classes, y_idx = np.unique(y, return_inverse=True)
         if classes.size < 2:
@@ -374,9 +377,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit.")
         device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first)
+        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                   backend=backend)
         check_classification_targets(y)
-        _check_partial_fit_first_call(self, classes)
+        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
         if self.classes_.size < 2:
             cls = self.classes_
             del self.classes_
@@ -452,8 +456,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             tr, va = _validation_split(
                 n_samples, self.validation_fraction, y_idx, seed_split
             )
-            validation = (X[va], y_idx[va].astype(np.float64), sw[va])
-            X, y_idx, sw = X[tr], y_idx[tr], sw[tr]
+            validation = (
+                _take_rows(X, va, backend), y_idx[va].astype(np.float64), sw[va]
+            )
+            X, y_idx, sw = _take_rows(X, tr, backend), y_idx[tr], sw[tr]
         S = float(sw.sum())
         if math.isfinite(C):
             l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
@@ -463,7 +469,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             model="linear",
             loss=loss,
             solver=self.solver,
-            learning_rate=self._learning_rate(X, sw, loss),
+            learning_rate=self._learning_rate(X, sw, loss, backend),
             l2_w=l2_w,
             l1=l1,
             fit_intercept=self.fit_intercept,

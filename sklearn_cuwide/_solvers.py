@@ -124,7 +124,8 @@ def fit_lbfgs_linear(
             print(f"Iteration {it}: loss {f:.6f}", flush=True)
 
     x, f, n_iter, _ = minimize_lbfgs(
-        fun_grad, x0, xp, max_iter=max_iter, gtol=tol, callback=cb
+        fun_grad, x0, xp, max_iter=max_iter, gtol=tol, callback=cb,
+        memory_ops=backend.lbfgs_memory_ops(),
     )
     x = np.asarray(backend.to_host(x))
     coef = x[: d * D].reshape(d, D).T.copy()

@@ -205,6 +205,28 @@ def test_fused_logistic_objective_matches_float64(cuda, dtype, fit_intercept):
         x = x * 1.5
 
 
+def test_lbfgs_memory_kernels_match_numpy(cuda):
+    """The L-BFGS memory products (one kernel each) against numpy float64."""
+    import cupy as cp
+
+    from sklearn_cuwide._lbfgs import ArrayMemoryOps
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(1000, 300000))
+    B = rng.normal(size=(20, n))
+    B[7] = 0.0  # a free slot
+    s, y, g = rng.normal(size=(3, n))
+    ref = ArrayMemoryOps(np)
+    ops = cuda.lbfgs_memory_ops()
+    Bd = cp.asarray(B)
+    got = ops.gram(Bd, Bd[4], Bd[5], cp.asarray(g))
+    np.testing.assert_allclose(got, ref.gram(B, B[4], B[5], g), rtol=1e-11, atol=1e-9)
+    c, cg = rng.normal(size=20), float(rng.normal())
+    d = ops.direction(Bd, c, cg, cp.asarray(g))
+    np.testing.assert_allclose(cp.asnumpy(d), ref.direction(B, c, cg, g), rtol=1e-11,
+                               atol=1e-11)
+
+
 def test_fused_objective_declines_other_losses(cuda):
     assert cuda.fused_objective(None, None, None, loss="multinomial", n_outputs=3,
                                 lam=0.0, fit_intercept=True) is None

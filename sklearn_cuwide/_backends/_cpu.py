@@ -237,3 +237,8 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     """No fused L-BFGS objective on the CPU: the solver's generic one (scipy
     sparse products) is already one pass per product."""
     return None
+
+
+def lbfgs_memory_ops():
+    """L-BFGS's products with its stored pairs: numpy's (BLAS) are the best."""
+    return None

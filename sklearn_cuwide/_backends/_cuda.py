@@ -133,6 +133,8 @@ def build_layout(X, memory_budget=None, **kw):
     if memory_budget is None:
         memory_budget = int(0.8 * free_memory())
     if need > memory_budget:
+        if cpsp.issparse(X):  # streamed from the host every epoch anyway
+            X = X.get()
         return _build(X, xp=np, **kw)
     kw.setdefault("chunk_nnz", 1 << 23)
     return _build(X, xp=cp, **kw)
@@ -345,10 +347,16 @@ MIN_BATCHES_PER_BLOCK = 16
 
 
 def default_staleness(params):
-    """Step scaling under concurrency, as measured on an H200 (Criteo-like
-    data, 264 blocks): plain lock-free sums lose nothing for LR; the FM's hot
-    factors need their concurrent steps divided by sqrt(#updaters)."""
-    return "sqrt" if params.model == "fm" else False
+    """Step scaling under concurrency, as measured on an H200
+    (``benchmarks/results/2026-11-30_policies``): lock-free sums lose nothing
+    for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs its
+    concurrent steps divided by sqrt(#updaters); the FM's hot factors take
+    undamped steps from up to 24 expected concurrent updaters and steps
+    scaled by 24 / updaters beyond (Criteo-like data, 264 blocks: AUC 0.727
+    after 3 epochs against 0.693 with sqrt scaling)."""
+    if params.model == "fm":
+        return "cap24"
+    return "sqrt" if params.solver == "sgd" else False
 
 
 def default_ramp(params):
@@ -562,6 +570,10 @@ def rmatmul(X, E):
     return X.T @ E.astype(X.dtype, copy=False)
 
 
+#: most nonzeros of one feature a warp sums in the L-BFGS gradient
+LBFGS_PIECE = 512
+
+
 def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     """``fun_grad(x) -> (f, g)`` of binary logistic regression for L-BFGS, in
     two fused kernels (``cuda/cuwide_lbfgs.cu``); ``None`` for other losses.
@@ -587,7 +599,16 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     threads = 256
     cap = 32 * _props()["multiProcessorCount"]
     grid_f = (max(1, min(-(-n // (threads // 32)), cap)),)
-    grid_b = (max(1, min(-(-d // (threads // 32)), cap)),)
+    # pieces of at most LBFGS_PIECE nonzeros per feature (see the kernel)
+    lens = cp.diff(Xt.indptr.astype(cp.int64))
+    n_pieces_of = cp.maximum(1, -(-lens // LBFGS_PIECE))
+    piece_ptr = cp.zeros(d + 1, dtype=cp.int64)
+    cp.cumsum(n_pieces_of, out=piece_ptr[1:])
+    n_pieces = int(piece_ptr[-1])
+    piece_col = (cp.searchsorted(piece_ptr, cp.arange(n_pieces, dtype=cp.int64),
+                                 side="right") - 1).astype(cp.int32)
+    del lens, n_pieces_of
+    grid_b = (max(1, min(-(-n_pieces // (threads // 32)), cap)),)
     E = cp.empty(n, dtype=cp.float64)
     acc = cp.zeros(3, dtype=cp.float64)
     half_lam = cp.float64(0.5 * lam)
@@ -599,12 +620,46 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
         acc.fill(0)
         fwd(grid_f, (threads,), (X.indptr, X.indices, X.data, np.int64(n), x,
                                  np.int64(d), fi, y, ws, E, acc))
-        g = cp.empty(n_par, dtype=cp.float64)
-        bwd(grid_b, (threads,), (Xt.indptr, Xt.indices, Xt.data, np.int64(d), E, x,
-                                 np.float64(lam), fi, g, acc))
+        g = cp.zeros(n_par, dtype=cp.float64)
+        bwd(grid_b, (threads,), (Xt.indptr, Xt.indices, Xt.data, piece_col, piece_ptr,
+                                 np.int64(n_pieces), np.int32(LBFGS_PIECE), np.int64(d),
+                                 E, x, np.float64(lam), fi, g, acc))
         return acc[0] + half_lam * acc[2], g
 
     return fun_grad
+
+
+class LbfgsMemoryOps:
+    """L-BFGS's products with its stored pairs in one pass over them each
+    (``cuwide_lbfgs_gram`` / ``cuwide_lbfgs_direction``): cuBLAS's
+    matrix-vector product of a few long rows runs on a few blocks only."""
+
+    threads = 256
+
+    def _kernel(self, name, nb):
+        return get_kernel("cuwide_lbfgs.cu", kernel_name(name, nb))
+
+    def _grid(self, n):
+        return (max(1, min(-(-n // self.threads), 4 * _props()["multiProcessorCount"])),)
+
+    def gram(self, B, s, y, g):
+        nb, n = B.shape
+        out = cp.zeros(3 * nb, dtype=cp.float64)
+        self._kernel("cuwide_lbfgs_gram", nb)(
+            self._grid(n), (self.threads,), (B, np.int64(n), s, y, g, out))
+        return cp.asnumpy(out).reshape(3, nb)
+
+    def direction(self, B, c, cg, g):
+        nb, n = B.shape
+        coef = cp.asarray(np.append(np.asarray(c, dtype=np.float64), cg))
+        d = cp.empty(n, dtype=cp.float64)
+        self._kernel("cuwide_lbfgs_direction", nb)(
+            self._grid(n), (self.threads,), (B, np.int64(n), coef, g, d))
+        return d
+
+
+def lbfgs_memory_ops():
+    return LbfgsMemoryOps()
 
 
 # --------------------------------------------------------------------------
@@ -653,3 +708,102 @@ def run_epoch_classic(X, y, sw, state, params, order_rows, deterministic=False):
         ),
     )
     return float(loss.get()[0])
+
+
+# --------------------------------------------------------------------------
+# input validation on the device (cupy / cupyx input to the estimators)
+# --------------------------------------------------------------------------
+def validate_input(X, estimator_name=None):
+    """Check cupy / cupyx input on the device; return a canonical cupyx CSR.
+
+    The device counterpart of scikit-learn's ``check_array(X,
+    accept_sparse=..., dtype=[float32, float64])``, with its error messages:
+    ``X`` must be 2-D, have at least one sample and one feature, not be
+    complex, and hold no NaN or infinity.  float32 and float64 are kept;
+    other dtypes (bool, integers, float16) become float32.  A dense cupy
+    array becomes a cupyx CSR matrix; CSC, COO (and other cupyx formats)
+    are converted; the result is canonical (sorted indices, duplicates
+    summed) and never the user's matrix modified.
+
+    Nothing of ``X`` goes to the host: the finiteness check is one scalar
+    read (and, only when it fails, one more to tell NaN from infinity).
+
+    Parameters
+    ----------
+    X : cupy.ndarray or cupyx.scipy.sparse matrix
+    estimator_name : str or None
+        Named in the messages as scikit-learn does.
+
+    Returns
+    -------
+    cupyx.scipy.sparse.csr_matrix
+    """
+    sparse = bool(cpsp.issparse(X))
+    if not sparse and not isinstance(X, cp.ndarray):
+        raise TypeError(
+            "expected a cupy.ndarray or a cupyx.scipy.sparse matrix, got "
+            f"{type(X).__module__}.{type(X).__qualname__}"
+        )
+    by = f" by {estimator_name}" if estimator_name else ""
+    what = (
+        f"<{type(X).__module__}.{type(X).__qualname__} of shape "
+        f"{tuple(X.shape)} and dtype {X.dtype}>"
+    )
+    dtype = np.dtype(X.dtype)
+    if dtype.kind == "c":
+        raise ValueError(f"Complex data not supported\n{what}\n")
+    if dtype.kind not in "biuf":
+        raise ValueError(
+            f"dtype {dtype} is not supported{by}: convert the data to numeric "
+            "values explicitly."
+        )
+    if X.ndim == 0:
+        raise ValueError(
+            f"Expected 2D array, got scalar array instead:\narray={what}.\n"
+            "Reshape your data either using array.reshape(-1, 1) if "
+            "your data has a single feature or array.reshape(1, -1) "
+            "if it contains a single sample."
+        )
+    if X.ndim == 1:
+        raise ValueError(
+            f"Expected 2D array, got 1D array instead:\narray={what}.\n"
+            "Reshape your data either using array.reshape(-1, 1) if "
+            "your data has a single feature or array.reshape(1, -1) "
+            "if it contains a single sample."
+        )
+    if X.ndim > 2:
+        raise ValueError(
+            f"Found array with dim {X.ndim}, while dim <= 2 is required{by}."
+        )
+    n_samples, n_features = (int(s) for s in X.shape)
+    if n_samples < 1:
+        raise ValueError(
+            f"Found array with {n_samples} sample(s) (shape={tuple(X.shape)}) "
+            f"while a minimum of 1 is required{by}."
+        )
+    if n_features < 1:
+        raise ValueError(
+            f"Found array with {n_features} feature(s) (shape={tuple(X.shape)}) "
+            f"while a minimum of 1 is required{by}."
+        )
+    if dtype not in (np.float32, np.float64):
+        X = X.astype(cp.float32)  # a new array / matrix
+    if dtype.kind == "f":  # bool and integers are finite
+        values = X.data if sparse else X
+        if values.size and not bool(cp.isfinite(values).all()):  # one sync
+            if bool(cp.isnan(values).any()):
+                msg = "Input X contains NaN."
+                if estimator_name:
+                    msg += (
+                        f"\n{estimator_name} does not accept missing values "
+                        "encoded as NaN natively."
+                    )
+            else:
+                msg = (
+                    "Input X contains infinity or a value too large for "
+                    f"{np.dtype(X.dtype)!r}."
+                )
+            raise ValueError(msg)
+    if not sparse:
+        X = cpsp.csr_matrix(X)  # cuSPARSE dense -> CSR (any memory order)
+    return canonical_csr(X)

@@ -1,0 +1,422 @@
+"""The GPU layout build with overlapped host -> device copies.
+
+``build_layout(X, xp=cupy)`` on a host matrix gathers chunk ``i + 1`` into
+pinned memory (worker thread) while the GPU sorts chunk ``i``, and copies it
+on a second stream (:mod:`sklearn_cuwide._backends._staging`).  The layout
+must be the same, bit for bit, as the numpy build and as the synchronous GPU
+build (``_overlap=False``).
+
+* GPU tests (marker ``gpu``, skipped without cupy and a GPU): real cupy.
+* CPU tests: the same pipeline driven by a stand-in for cupy made of numpy
+  whose copies are *deferred* until something waits for them, and which
+  checks that a pinned buffer is not rewritten by the host before the host
+  waited for the copy out of it.  A compute step that reads a device buffer
+  before waiting for its copy sees stale data and the layout comes out
+  wrong.  It also records the order in which the host issues sorts, copies
+  and synchronisations.
+* The benchmark script: its ``--smoke`` mode (numpy only) and its GPU
+  measurement code driven by the stand-in.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide._device import cuda_device_count
+from sklearn_cuwide._layout import build_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "batch_sblock_ptr",
+          "row_order", "feature_order", "feature_rank", "feature_counts")
+
+
+def _problem(rng, n=1201, d=157, dup=True, int64=False, dtype=np.float32):
+    """A CSR matrix with empty rows, one feature in every row, unsorted
+    duplicate entries (``dup``) and values whose sums are exact in any order
+    (multiples of 1/4), so that equality can be bit for bit."""
+    nnz = 9 * n
+    rows = rng.integers(0, n, nnz)
+    rows = rows[rows % 7 != 3]  # empty rows
+    cols = rng.integers(0, d, rows.shape[0])
+    rows = np.concatenate([rows, np.arange(n)[np.arange(n) % 7 != 3]])
+    cols = np.concatenate([cols, np.full(rows.shape[0] - cols.shape[0], 5)])
+    vals = (rng.integers(-8, 9, rows.shape[0]) * 0.25).astype(dtype)
+    vals[vals == 0] = 1.0
+    order = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+    itype = np.int64 if int64 else np.int32
+    X = sp.csr_matrix((vals[order], cols[order].astype(itype), indptr.astype(itype)),
+                      shape=(n, d))
+    if int64:
+        X.indices = cols[order].astype(np.int64)
+        X.indptr = indptr.astype(np.int64)
+    if not dup:
+        X.sum_duplicates()
+    return X
+
+
+def _assert_same(A, B, what):
+    """Bit-for-bit equality of two layouts (device arrays allowed in B)."""
+    assert (A.n_rows, A.n_features, A.batch_size, A.sample_block, A.n_hot) == (
+        B.n_rows, B.n_features, B.batch_size, B.sample_block, B.n_hot), what
+    for name in FIELDS:
+        a, b = getattr(A, name), getattr(B, name)
+        b = np.asarray(b) if isinstance(b, np.ndarray) else b.get()
+        a = np.asarray(a)
+        assert a.dtype == b.dtype and a.shape == b.shape, (what, name)
+        np.testing.assert_array_equal(
+            a.view(np.uint8), b.view(np.uint8), err_msg=f"{what}: {name}")
+
+
+CASES = [
+    # (shuffle, batch_size, sample_block, chunk_nnz, int64, dup)
+    (False, 64, 30, 700, False, True),
+    (True, 64, 30, 700, False, True),
+    (True, 37, 11, 1013, True, True),
+    (False, 100, 100, 1499, True, False),
+    (True, 1, 1, 1709, False, True),
+]
+IDS = [f"shuffle{c[0]}-b{c[1]}-s{c[2]}-c{c[3]}-i{64 if c[4] else 32}-dup{c[5]}" for c in CASES]
+
+
+def _kw(shuffle, batch_size, sample_block):
+    return dict(batch_size=batch_size, sample_block=sample_block, n_hot_max=12,
+                shuffle=shuffle, random_state=7)
+
+
+# --------------------------------------------------------------------------
+# a stand-in for cupy (numpy, with deferred copies)
+# --------------------------------------------------------------------------
+class _Pinned(bytearray):
+    """Host memory from the stand-in's ``alloc_pinned_memory``."""
+
+
+def _is_pinned(a):
+    while a is not None:
+        if isinstance(a, memoryview):
+            return isinstance(a.obj, _Pinned)
+        if isinstance(a, _Pinned):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+class _Event:
+    def __init__(self):
+        self.stream, self.seq = None, 0
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream._host_wait(self.seq)
+
+
+class _Stream:
+    """Work is queued and runs only when something waits for it."""
+
+    def __init__(self, fake, non_blocking=False, eager=False):
+        self.fake, self.non_blocking, self.eager = fake, non_blocking, eager
+        self.queue, self.seq = [], 0
+        self.in_flight = []  # (pinned source, bytes it had when copied, seq)
+
+    def _enqueue(self, fn):
+        self.seq += 1
+        if self.eager:
+            fn()
+        else:
+            self.queue.append((self.seq, fn))
+
+    def _run(self, upto):
+        while self.queue and self.queue[0][0] <= upto:
+            self.queue.pop(0)[1]()
+
+    def _host_wait(self, upto):
+        self._run(upto)
+        still = []
+        for src, snap, seq in self.in_flight:
+            if seq <= upto:  # the host knows this copy is over: check it read what it should
+                assert np.array_equal(src.view(np.uint8), snap), (
+                    "pinned buffer rewritten by the host before its copy was waited for")
+            else:
+                still.append((src, snap, seq))
+        self.in_flight = still
+
+    def record(self, event=None):
+        ev = event or _Event()
+        ev.stream, ev.seq = self, self.seq
+        return ev
+
+    def wait_event(self, ev):
+        # device-side wait; the stand-in's kernels run at once on the host,
+        # so what they wait for must have run (the host is not released)
+        if ev.stream is not None and ev.stream is not self:
+            ev.stream._run(ev.seq)
+
+    def synchronize(self):
+        self._host_wait(self.seq)
+
+
+class _Dev(np.ndarray):
+    """A 'device' array: numpy with cupy's get/set."""
+
+    def get(self, stream=None):
+        _FakeCupy.current.trace.append("sync")
+        return np.array(self.view(np.ndarray))
+
+    def any(self, *a, **k):
+        _FakeCupy.current.trace.append("sync")
+        return np.ndarray.any(self.view(np.ndarray), *a, **k)
+
+    def set(self, arr, stream=None):
+        fake = _FakeCupy.current
+        assert isinstance(arr, np.ndarray) and arr.dtype == self.dtype
+        assert arr.shape == self.shape and self.flags.c_contiguous
+        assert stream is not None and stream is not fake._null, "copy not on a copy stream"
+        assert stream.non_blocking, "the copy stream must be non-blocking"
+        assert _is_pinned(arr), "asynchronous copy from pageable memory"
+        fake.trace.append("copy")
+        fake.n_async_copies += 1
+        dst, seq = self.view(np.ndarray), stream.seq + 1
+
+        def copy():  # runs when something waits for it
+            dst[...] = arr
+            stream.in_flight.append((arr, arr.view(np.uint8).copy(), seq))
+
+        stream._enqueue(copy)
+
+
+class _Cuda:
+    def __init__(self, fake):
+        self.fake = fake
+
+    def Stream(self, non_blocking=False):  # noqa: N802 - cupy's name
+        s = _Stream(self.fake, non_blocking=non_blocking)
+        self.fake.streams.append(s)
+        return s
+
+    def Event(self):  # noqa: N802
+        return _Event()
+
+    def get_current_stream(self):
+        return self.fake._null
+
+    def alloc_pinned_memory(self, nbytes):
+        return _Pinned(nbytes)
+
+    def Device(self):  # noqa: N802
+        return self.fake._null  # has synchronize()
+
+    def get_elapsed_time(self, start, end):
+        assert start.stream is end.stream
+        return float(end.seq - start.seq) + 1.0  # milliseconds, made up
+
+
+class _FakeCupy:
+    """Enough of cupy for build_layout: numpy functions returning _Dev."""
+
+    current = None
+
+    def __init__(self):
+        self.cuda = _Cuda(self)
+        self._null = _Stream(self, eager=True)
+        self.streams, self.trace, self.n_async_copies = [], [], 0
+        _FakeCupy.current = self
+
+    def __getattr__(self, name):
+        obj = getattr(np, name)
+        if callable(obj) and not isinstance(obj, type):
+            def f(*a, **k):
+                if name == "argsort":
+                    self.trace.append("sort")
+                r = obj(*a, **k)
+                return r.view(_Dev) if isinstance(r, np.ndarray) else r
+            return f
+        return obj
+
+
+# --------------------------------------------------------------------------
+# CPU: the pipeline with the stand-in
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_overlapped_pipeline_matches_numpy_build(case):
+    shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
+    rng = np.random.default_rng()
+    X = _problem(rng, int64=int64, dup=dup)
+    snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X, **kw)
+    fake = _FakeCupy()
+    timing = {}
+    B = build_layout(X, xp=fake, chunk_nnz=chunk_nnz, _timing=timing, **kw)
+    _assert_same(A, B, "overlapped")
+    n_chunks = len(timing["copies"])
+    assert n_chunks >= 5
+    # every chunk went through pinned memory on a non-blocking copy stream
+    assert fake.n_async_copies == 3 * n_chunks
+    assert len(fake.streams) == 1 and fake.streams[0].non_blocking
+    assert not fake.streams[0].queue and not fake.streams[0].in_flight
+    # issue order: chunk i's sort, then chunk i+1's copy, then chunk i's syncs
+    trace = [t for i, t in enumerate(fake.trace) if i == 0 or t != fake.trace[i - 1]]
+    expected = ["copy"]
+    for i in range(n_chunks):
+        expected += ["sort"] + (["copy"] if i + 1 < n_chunks else []) + ["sync"]
+    assert trace == expected
+    # the synchronous path of the stand-in gives the same layout
+    C = build_layout(X, xp=_FakeCupy(), chunk_nnz=chunk_nnz, _overlap=False, **kw)
+    _assert_same(A, C, "synchronous")
+    for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_single_chunk_and_empty_matrix_do_not_stage():
+    rng = np.random.default_rng()
+    X = _problem(rng)
+    kw = _kw(True, 64, 30)
+    fake = _FakeCupy()
+    B = build_layout(X, xp=fake, chunk_nnz=10**9, **kw)
+    _assert_same(build_layout(X, **kw), B, "one chunk")
+    assert fake.n_async_copies == 0 and not fake.streams
+    E = sp.csr_matrix((50, 9), dtype=np.float32)
+    fake = _FakeCupy()
+    L = build_layout(E, xp=fake, chunk_nnz=1, batch_size=4)
+    assert L.nnz == 0 and fake.n_async_copies == 0
+
+
+def test_stand_in_catches_a_missing_wait(monkeypatch):
+    """The stand-in is strict enough: without the compute stream's wait for
+    the copy, the deferred copies make the layout wrong (or the build fails
+    on stale indices)."""
+    from sklearn_cuwide._backends import _staging
+
+    rng = np.random.default_rng()
+    X = _problem(rng)
+    kw = _kw(True, 64, 30)
+    A = build_layout(X, **kw)
+    monkeypatch.setattr(_staging.ChunkUploader, "acquire", lambda self, slot: None)
+    try:
+        B = build_layout(X, xp=_FakeCupy(), chunk_nnz=700, **kw)
+    except (IndexError, ValueError):  # stale data: indices out of range
+        return
+    with pytest.raises(AssertionError):
+        _assert_same(A, B, "no wait")
+
+
+def test_stand_in_catches_pinned_reuse_without_host_wait(monkeypatch):
+    from sklearn_cuwide._backends import _staging
+
+    rng = np.random.default_rng()
+    X = _problem(rng)
+    kw = _kw(True, 64, 30)
+    orig = _staging.ChunkUploader.stage
+
+    def stage(self, fill, n_rows, nnz):
+        self.copied[self._next] = None  # forget the host wait
+        return orig(self, fill, n_rows, nnz)
+
+    monkeypatch.setattr(_staging.ChunkUploader, "stage", stage)
+    with pytest.raises(AssertionError, match="pinned buffer rewritten"):
+        build_layout(X, xp=_FakeCupy(), chunk_nnz=700, **kw)
+
+
+def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
+    from sklearn_cuwide import _layout
+
+    rng = np.random.default_rng()
+    X = _problem(rng)
+    calls = []
+    gather = _layout._gather_rows_into
+
+    def failing(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("gather failed")
+        return gather(*a)
+
+    monkeypatch.setattr(_layout, "_gather_rows_into", failing)
+    fake = _FakeCupy()
+    with pytest.raises(RuntimeError, match="gather failed"):
+        build_layout(X, xp=fake, chunk_nnz=700, **_kw(True, 64, 30))
+    (copy,) = fake.streams
+    assert not copy.queue and not copy.in_flight  # closed: every copy waited for
+
+
+# --------------------------------------------------------------------------
+# GPU: real cupy
+# --------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("stream", ["current", "own"])
+def test_gpu_overlapped_build_is_identical(case, stream):
+    import cupy as cp
+
+    shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
+    rng = np.random.default_rng()
+    X = _problem(rng, int64=int64, dup=dup)
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X, **kw)
+    timing = {}
+    s = cp.cuda.Stream(non_blocking=True) if stream == "own" else cp.cuda.get_current_stream()
+    with s:
+        B = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _timing=timing, **kw)
+        C = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _overlap=False, **kw)
+        s.synchronize()
+    assert isinstance(B.feat, cp.ndarray)
+    assert len(timing["copies"]) >= 5  # the overlapped path ran, 5+ chunks
+    _assert_same(A, B, "overlapped")
+    _assert_same(A, C, "synchronous")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+def test_gpu_float64_input_many_chunks():
+    """float64 values stored as float32 (converted on the device), chunk
+    sizes that do not divide the data, long runs of chunks."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    X = _problem(rng, n=20011, d=3001, dtype=np.float64)
+    for shuffle in (False, True):
+        kw = _kw(shuffle, 257, 100)
+        A = build_layout(X, **kw)
+        for chunk_nnz in (5003, 30011):
+            timing = {}
+            B = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _timing=timing, **kw)
+            assert len(timing["copies"]) >= 5
+            _assert_same(A, B, f"float64 shuffle={shuffle} chunk={chunk_nnz}")
+
+
+# --------------------------------------------------------------------------
+# the benchmark script, in its CPU smoke mode
+# --------------------------------------------------------------------------
+def _bench_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import layout_overlap
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return layout_overlap
+
+
+def test_benchmark_smoke(capsys, tmp_path):
+    rows = _bench_module().main(["--smoke", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| mode |" in out
+    assert {(r["shuffle"], r["mode"]) for r in rows} == {(False, "numpy"), (True, "numpy")}
+    assert all(r["build_ms"] > 0 for r in rows)
+    assert (tmp_path / "results.md").read_text().count("| numpy |") == 2
+
+
+def test_benchmark_gpu_measurement_with_the_stand_in():
+    """The GPU branch of the script (event bookkeeping, table) runs."""
+    bench = _bench_module()
+    X = _problem(np.random.default_rng(0), n=3000)
+    kw = dict(batch_size=64, sample_block=32, n_hot_max=8, chunk_nnz=3000)
+    rows = bench.measure(X, kw, xp=_FakeCupy(), repeat=1)
+    assert [(r["shuffle"], r["mode"]) for r in rows] == [
+        (False, "overlap"), (False, "sync"), (True, "overlap"), (True, "sync")]
+    assert all(r["n_chunks"] >= 5 for r in rows)
+    assert all(np.isfinite(r["copy_ratio"]) for r in rows)
+    assert "| True | sync |" in bench.table(rows)
