@@ -26,7 +26,9 @@ def data(n, d, **kw):
 
 small = data(50000, 2**14, n_fields=8, n_numeric=3)
 large = data(400000, 2**16)
-cases = [
+import sys
+
+FIRST = [  # the first run (benchmarks/results/2026-11-30_policies/small_1.log)
     ("small", "lr-sgd", small, GPULogisticRegression(solver="sgd", batch_size=256, max_iter=5),
      (False, "sqrt", "cap4")),
     ("small", "lr-adagrad", small, GPULogisticRegression(solver="adagrad", batch_size=256,
@@ -38,6 +40,15 @@ cases = [
     ("400k", "lr-sgd", large, GPULogisticRegression(solver="sgd", max_iter=5),
      (False, "sqrt")),
 ]
+SECOND = [  # after choosing "cap-auto" for the FM
+    ("small", "fm", small, GPUFactorizationMachine(batch_size=256, max_iter=5, n_factors=8),
+     ("cap-auto",)),
+    ("400k", "fm", large, GPUFactorizationMachine(max_iter=5, n_factors=8),
+     ("cap-auto", "cap2", "cap6")),
+    ("400k", "lr-sgd", large, GPULogisticRegression(solver="sgd", max_iter=5),
+     (True, "cap2", "cap8")),
+]
+cases = SECOND if "--second" in sys.argv else FIRST
 for dname, name, (Xtr, ytr, Xte, yte), est, policies in cases:
     seeds = range(2)
     cpu = [roc_auc_score(yte, clone(est).set_params(device="cpu", random_state=s)

@@ -3,6 +3,7 @@
 # source tree:  bash benchmarks/run_device.sh [tests|bench|all]
 #   tests:    the gpu-marked tests and the demo on the GPU
 #   sanitize: compute-sanitizer memcheck and racecheck over the kernel tests
+#             (sanitize-lbfgs: only the L-BFGS kernels' tests)
 #   bench:    benchmarks/bench_gpu.py (issue-3 targets)
 #   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
 # Logs and results go to $OUT (the device tool's folder) or benchmarks/results/device.
@@ -25,11 +26,12 @@ if [[ $what == tests* || $what == all ]]; then
   step demo python -m sklearn_cuwide.demo --n-samples 400000
 fi
 if [[ $what == *sanitize* || $what == all ]]; then
-  K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32)'
+  K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32) or fused or memory_kernels'
+  [[ $what == *sanitize-lbfgs* ]] && K='fused or memory_kernels'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$K"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
-    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "epoch_matches_reference or all_hot"
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "${RK:-epoch_matches_reference or all_hot or fused or memory_kernels}"
 fi
 if [[ $what == *bench* || $what == all ]]; then
   step bench_gpu python benchmarks/bench_gpu.py --out "$OUT/bench_gpu"

@@ -348,15 +348,28 @@ MIN_BATCHES_PER_BLOCK = 16
 
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200
-    (``benchmarks/results/2026-11-30_policies``): lock-free sums lose nothing
-    for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs its
-    concurrent steps divided by sqrt(#updaters); the FM's hot factors take
-    undamped steps from up to 24 expected concurrent updaters and steps
-    scaled by 24 / updaters beyond (Criteo-like data, 264 blocks: AUC 0.727
-    after 3 epochs against 0.693 with sqrt scaling)."""
+    (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
+    nothing for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs
+    its concurrent steps divided by sqrt(#updaters); the FM's hot factors
+    take undamped steps from up to C = max(4, P / 11) expected concurrent
+    updaters and steps scaled by C / updaters beyond (``"cap-auto"``)."""
     if params.model == "fm":
-        return "cap24"
+        return "cap-auto"
     return "sqrt" if params.solver == "sgd" else False
+
+
+def staleness_cap(staleness, n_blocks):
+    """C of a ``"capC"`` / ``"cap-auto"`` policy for ``n_blocks`` in flight
+    (None for the other policies).
+
+    ``"cap-auto"``: C = max(4, P / 11), the best of the caps measured on
+    Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24).
+    """
+    if not (isinstance(staleness, str) and staleness.startswith("cap")):
+        return None
+    if staleness == "cap-auto":
+        return max(4.0, n_blocks / 11.0)
+    return float(staleness[3:])
 
 
 def default_ramp(params):
@@ -390,7 +403,8 @@ def run_epoch(
     down by the number of blocks expected to update it at once
     (``staleness=True``; ``"sqrt"`` divides by its square root; ``"capC"``
     leaves features with at most C expected concurrent updaters undamped and
-    scales the others by C / updaters).
+    scales the others by C / updaters; ``"cap-auto"`` takes C from the
+    number of blocks, see :func:`staleness_cap`).
     ``ramp=K``: warm up the
     concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
     per block, before the full grid (used in the first epoch of a fit: the
@@ -445,8 +459,9 @@ def run_epoch(
         counter = null if seq else cp.zeros(1, dtype=cp.int32)
         g = min(g, n_work)
         if staleness and g > 1:
-            if isinstance(staleness, str) and staleness.startswith("cap"):
-                fscale, bscale = dl.concurrency_scale(g, cap=float(staleness[3:]))
+            cap = staleness_cap(staleness, g)
+            if cap is not None:
+                fscale, bscale = dl.concurrency_scale(g, cap=cap)
             else:
                 power = 0.5 if staleness == "sqrt" else 1.0
                 fscale, bscale = dl.concurrency_scale(g, power)
