@@ -226,6 +226,7 @@ def main(argv=None):
     ap.add_argument("--cusparse-batches", type=int, default=400)
     ap.add_argument("--skip", default="", help="comma list: torch,cusparse,lbfgs,ablation")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default="LR,FM", help="comma list of LR, FM")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -254,6 +255,8 @@ def main(argv=None):
     lr_kw = dict(batch_size=args.batch, epochs=args.epochs)
     res = {}
     for name, k in (("LR", 0), ("FM", args.factors)):
+        if name not in args.models.split(","):
+            continue
         # the configuration chosen before this run (benchmarks/results/explore_*):
         # LR adagrad lr 0.05; FM adagrad lr 0.05 with beta 1e-4
         l2 = dict(l2_w=1e-7, l2_v=1e-4 if k else 0.0)
@@ -288,6 +291,8 @@ def main(argv=None):
     rows = ["| system | epoch ms | x floor | ours faster by | test AUC (3 ep) | GPU peak / CSR |",
             "|---|---|---|---|---|---|"]
     for name in ("LR", "FM"):
+        if f"ours_{name}" not in res:
+            continue
         o = res[f"ours_{name}"]
         rows.append(f"| ours {name} | {o['epoch_ms']:.2f} | {o['epoch_ms']/floor_ms:.1f} | 1.0 | "
                     f"{o['test_auc']:.4f} | {o['gpu_peak_bytes']/csr_bytes(Xtr):.2f} |")

@@ -364,6 +364,7 @@ def staleness_cap(staleness, n_blocks):
 
     ``"cap-auto"``: C = max(4, P / 11), the best of the caps measured on
     Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24).
+    ``run_epoch`` takes P from its full grid, also in the warm-up stages.
     """
     if not (isinstance(staleness, str) and staleness.startswith("cap")):
         return None
@@ -444,6 +445,9 @@ def run_epoch(
     stream = cp.cuda.get_current_stream()
     batch_order = np.asarray(batch_order, dtype=np.int64)
 
+    # the cap of a capped policy comes from the full grid and holds in the
+    # warm-up stages too (their fewer blocks are then damped less or not at all)
+    cap = staleness_cap(staleness, grid)
     # warm-up stages: (blocks, mini-batches), consumed by the first launches
     stages = []
     if ramp and not deterministic:
@@ -459,7 +463,6 @@ def run_epoch(
         counter = null if seq else cp.zeros(1, dtype=cp.int32)
         g = min(g, n_work)
         if staleness and g > 1:
-            cap = staleness_cap(staleness, g)
             if cap is not None:
                 fscale, bscale = dl.concurrency_scale(g, cap=cap)
             else:
