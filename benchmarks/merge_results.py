@@ -1,0 +1,83 @@
+"""Merge the parts of several runs of the suite into one results folder.
+
+The device gives a session 30 minutes, so the suite's parts may run in
+different calls.  Later runs replace the parts they ran; each run's header
+(command, date, commit) is kept under ``runs``; results.md and the plots
+are rewritten.
+
+    PYTHONPATH=. python benchmarks/merge_results.py OUT_DIR RUN1/results.json RUN2/results.json \
+        [--commit RUN2=abc1234 ...]
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import plots  # noqa: E402
+import run_all  # noqa: E402
+
+#: what a part writes into results.json
+PART_KEYS = {
+    "floors": ["floors"],
+    "systems": ["systems"],
+    "real": ["real", "real_info"],
+    "ablation": ["ablation"],
+    "scaling": ["scaling"],
+}
+
+
+def merge(results, commits=None):
+    commits = commits or {}
+    out = {"runs": []}
+    for i, res in enumerate(results):
+        parts = [p for p, keys in PART_KEYS.items() if any(k in res for k in keys)]
+        env = dict(res.get("env") or {})
+        if str(i) in commits:
+            env["git_commit"] = commits[str(i)]
+            env["git_dirty_files"] = 0
+        out["runs"].append({"env": env, "parts": parts, "timings": res.get("timings", {})})
+        for p in parts:
+            for k in PART_KEYS[p]:
+                if k in res:
+                    out[k] = res[k]
+        for k in ("compile_s", "data_generated"):
+            out.setdefault(k, {}).update(res.get(k) or {})
+        out["config"] = {**out.get("config", {}), **(res.get("config") or {})}
+        out["notes"] = res.get("notes", out.get("notes", []))
+        out["errors"] = out.get("errors", []) + list(res.get("errors") or [])
+    out["env"] = out["runs"][-1]["env"]
+    out["timings"] = {f"run {i + 1}: {p}": s for i, r in enumerate(out["runs"])
+                      for p, s in r["timings"].items()}
+    runs_md = [f"- run {i + 1}: `{r['env'].get('command')}` ({r['env'].get('date_utc')}, commit "
+               f"{r['env'].get('git_commit')}): {', '.join(r['parts']) or 'env only'}"
+               for i, r in enumerate(out["runs"])]
+    out["notes"] = ["Merged from several runs (benchmarks/merge_results.py); each part comes "
+                    "from the last run that ran it:"] + runs_md + out["notes"]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--commit", action="append", default=[],
+                    help="INDEX=SHA: the commit run INDEX (0-based) ran, when its own header "
+                         "could not know it")
+    args = ap.parse_args(argv)
+    commits = dict(c.split("=", 1) for c in args.commit)
+    res = merge([json.loads(Path(p).read_text()) for p in args.results], commits)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    run_all.write_markdown(res, out / "results.md")
+    for p in plots.make_plots(res, str(out)):
+        print(p)
+    print(run_all.short_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
