@@ -4,7 +4,11 @@ tests/test_gpu_estimators.py::test_minibatch_gpu_auc_close_to_cpu, and a
 concurrency (exploration: which policy keeps each solver on par with the
 CPU's sequential order).
 
-    PYTHONPATH=. python benchmarks/explore_small.py
+    PYTHONPATH=. python benchmarks/explore_small.py [--lr-sgd | --second]
+
+``--lr-sgd``: the round that found plain sgd's gap (small data, 3 seeds);
+default: the first round of policies; ``--second``: after choosing
+``cap-auto``.
 """
 
 import numpy as np
@@ -48,9 +52,15 @@ SECOND = [  # after choosing "cap-auto" for the FM
     ("400k", "lr-sgd", large, GPULogisticRegression(solver="sgd", max_iter=5),
      (True, "cap2", "cap8")),
 ]
-cases = SECOND if "--second" in sys.argv else FIRST
+LR_SGD = [  # benchmarks/results/2026-11-30_s2_policies/lr_sgd.log (3 seeds)
+    ("small", solver, small, GPULogisticRegression(solver=solver, batch_size=256, max_iter=5),
+     (False, "sqrt", "cap2", "cap4", True))
+    for solver in ("sgd", "adagrad")
+]
+cases = SECOND if "--second" in sys.argv else LR_SGD if "--lr-sgd" in sys.argv else FIRST
+n_seeds = 3 if "--lr-sgd" in sys.argv else 2
 for dname, name, (Xtr, ytr, Xte, yte), est, policies in cases:
-    seeds = range(2)
+    seeds = range(n_seeds)
     cpu = [roc_auc_score(yte, clone(est).set_params(device="cpu", random_state=s)
                          .fit(Xtr, ytr).decision_function(Xte)) for s in seeds]
     print(f"{dname} {name} cpu {np.round(cpu, 4)}", flush=True)
