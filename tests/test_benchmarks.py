@@ -348,3 +348,48 @@ def test_a_failed_device_skips_the_gpu_work_after_it():
     ran = []
     rec = ctx.run("next", lambda: (ctx.check_budget(), ran.append(1)))
     assert "device failed" in rec["skipped"] and not ran
+
+
+def test_rows_linearity_judged_where_every_block_is_busy(smoke):
+    res, _, _ = smoke
+    sc = res["scaling"]
+    for model, pts in sc["rows"].items():
+        fit = sc["fits"][f"rows {model}"]
+        busy = [p for p in pts if p["blocks"] == p["full_grid"]]
+        assert busy == pts  # the CPU backend runs one block: always "full"
+        assert fit["saturated"]["slope"] == pytest.approx(fit["slope"])
+        assert fit["linear"] == bool(abs(fit["saturated"]["slope"] - 1.0) <= 0.15
+                                     and fit["saturated"]["r2"] >= 0.98)
+
+
+def test_merge_results_takes_each_part_from_its_last_run(smoke, tmp_path):
+    import copy
+
+    import merge_results
+
+    res, _, _ = smoke
+    second = {k: copy.deepcopy(res[k]) for k in ("config", "env", "scaling")}
+    second["env"]["command"] = "second run"
+    second["timings"] = {"env": 1.0, "scaling": 2.0}
+    for pts in second["scaling"]["rows"].values():
+        for p in pts:
+            p["epoch_ms"] *= 2.0
+    merged = merge_results.merge([res, second], {"1": "abc1234"})
+    assert merged["systems"] == res["systems"]  # only in the first run
+    assert merged["scaling"] == second["scaling"]  # the last run that ran it
+    assert [r["parts"] for r in merged["runs"]][1] == ["scaling"]
+    assert merged["runs"][1]["env"]["git_commit"] == "abc1234"
+    assert any("second run" in n and "abc1234" in n for n in merged["notes"])
+    out = tmp_path / "merged"
+    assert merge_results.main([str(out), *_write_runs(tmp_path, res, second)]) == 0
+    md = (out / "results.md").read_text()
+    assert "second run" in md and "## Scaling" in md
+
+
+def _write_runs(tmp_path, *runs):
+    paths = []
+    for i, r in enumerate(runs):
+        p = tmp_path / f"run{i}.json"
+        p.write_text(json.dumps(r))
+        paths.append(str(p))
+    return paths
