@@ -1281,11 +1281,9 @@ def concurrent_blocks(ctx, n_rows):
     so small data runs on fewer blocks); (1, 1) on the CPU."""
     if not ctx.device.startswith("cuda"):
         return 1, 1
-    from sklearn_cuwide._backends import _cuda, _tiles
+    from sklearn_cuwide._backends import _cuda
 
-    full = _cuda._props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
-    n_batches = -(-n_rows // BATCH)
-    return max(1, min(full, n_batches // _cuda.MIN_BATCHES_PER_BLOCK)), full
+    return _cuda.default_grid(-(-n_rows // BATCH)), _cuda.full_grid()
 
 
 def scaling_point(ctx, data, k, epochs):

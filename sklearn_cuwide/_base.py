@@ -412,11 +412,15 @@ class _CuWideEstimator(BaseEstimator):
             device = "cpu"
         return _predict_backend(device)
 
-    def _decision(self, X, backend=None):
-        """Decision values (n_samples, n_outputs) of validated ``X``, with
-        ``backend`` (default: :meth:`_prediction_backend`)."""
-        if backend is None:
-            backend = self._prediction_backend()
+    def _decision(self, X):
+        """Decision values (n_samples, n_outputs) of the user's ``X``: checks
+        that the model is fitted, validates ``X`` where the prediction runs
+        (:meth:`_prediction_backend`) and computes them there."""
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self)
+        backend = self._prediction_backend()
+        X = _check_predict_data(self, X, backend)
         cache = None if backend.name == "cpu" else self._valid_gpu_cache()
         return _decision_values(backend, X, self._heads(), gpu_cache=cache)
 
@@ -450,12 +454,7 @@ class _WideClassifierMixin:
         -------
         ndarray of shape (n_samples,) or (n_samples, n_classes)
         """
-        from sklearn.utils.validation import check_is_fitted
-
-        check_is_fitted(self)
-        backend = self._prediction_backend()
-        X = _check_predict_data(self, X, backend)
-        Z = self._decision(X, backend)
+        Z = self._decision(X)
         return Z[:, 0] if Z.shape[1] == 1 else Z
 
     def predict(self, X):

@@ -11,14 +11,12 @@ from sklearn.utils.multiclass import (
     _check_partial_fit_first_call,
     check_classification_targets,
 )
-from sklearn.utils.validation import check_is_fitted
 
 from ._base import (
     _WideClassifierMixin,
     COMPUTE_DTYPE,
     _as_csr,
     _check_fit_data,
-    _check_predict_data,
     _CuWideEstimator,
     _fit_device,
     _logit_prior,
@@ -647,7 +645,4 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         -------
         ndarray of shape (n_samples,)
         """
-        check_is_fitted(self)
-        backend = self._prediction_backend()
-        X = _check_predict_data(self, X, backend)
-        return self._decision(X, backend)[:, 0]
+        return self._decision(X)[:, 0]

@@ -153,6 +153,12 @@ def _csr_parts(X):
 
 def _gather_rows(xp, indptr, indices, data, users):
     """The nonzeros of rows ``users`` (in that order): (indptr, indices, data)."""
+    if xp is np:
+        n = int((indptr[users + 1] - indptr[users]).sum())
+        out = (np.empty(users.shape[0] + 1, dtype=np.int64),
+               np.empty(n, dtype=indices.dtype), np.empty(n, dtype=data.dtype))
+        _gather_rows_into(indptr, indices, data, users, *out)
+        return out
     starts = indptr[users]
     lens = indptr[users + 1] - starts
     ptr = xp.zeros(users.shape[0] + 1, dtype=xp.int64)

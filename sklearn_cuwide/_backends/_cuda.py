@@ -373,6 +373,18 @@ def staleness_cap(staleness, n_blocks):
     return float(staleness[3:])
 
 
+def full_grid():
+    """Thread blocks of the training kernel that run at once on the device."""
+    return _props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
+
+
+def default_grid(n_batches):
+    """Blocks an epoch of ``n_batches`` mini-batches runs on: the full grid,
+    but at least MIN_BATCHES_PER_BLOCK mini-batches per block (small data
+    runs on fewer blocks, with less staleness)."""
+    return max(1, min(full_grid(), n_batches // MIN_BATCHES_PER_BLOCK))
+
+
 def default_ramp(params):
     """Mini-batches per block of each concurrency warm-up stage (first epoch)."""
     return 32 if params.model == "fm" else 8
@@ -427,13 +439,10 @@ def run_epoch(
     smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
     if smem > kern.max_dynamic_shared_size_bytes:
         kern.max_dynamic_shared_size_bytes = smem
-    props = _props()
     if grid is None:
-        # every block should get MIN_BATCHES_PER_BLOCK mini-batches of work:
-        # on small data fewer blocks run at once (less staleness), and a
-        # data set of under 32 mini-batches is trained strictly in order
-        full = props["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
-        grid = 1 if deterministic else max(1, min(full, dl.n_batches // MIN_BATCHES_PER_BLOCK))
+        # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches is
+        # trained strictly in order
+        grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = cp.empty(grid * sb * rs, dtype=cp.float32) if acc_global else None
