@@ -675,8 +675,12 @@ def warm_kernels(ctx, data, params, k):
 
 def run_kernel(ctx, data, *, k, solver="adagrad", loss="logistic", lr=LEARNING_RATE,
                l2_w=0.0, l2_v=0.0, epochs, sample_block=None, n_hot_max=None, opts=None,
-               upload=None, evaluate=True, seed=0):
+               upload=None, evaluate=True, seed=0, concurrency=None):
     """Epochs of this project's flow-based kernel through the backend.
+
+    ``concurrency``: the estimators' parameter ("auto", "max", an int),
+    resolved into thread blocks by the CUDA backend; None runs the backend's
+    default grid (the same as "max").  Ignored on the CPU (always in order).
 
     ``sample_block`` / ``n_hot_max`` override the tile shape (ablation);
     ``opts`` go to every ``run_epoch`` (GPU only: the ablation switches);
@@ -708,6 +712,10 @@ def run_kernel(ctx, data, *, k, solver="adagrad", loss="logistic", lr=LEARNING_R
     rec = {"device": ctx.device, "rows": data.n, "epochs": epochs, "layout_s": t_layout,
            "sample_block": int(L.sample_block), "n_hot": int(L.n_hot),
            "layout_bytes": int(L.nbytes), "learning_rate": lr}
+    opts = dict(opts or {})
+    if ctx.gpu and concurrency is not None:
+        opts["grid"] = be.concurrent_blocks(concurrency, params, L.n_batches)
+        rec.update(concurrency=concurrency, blocks=int(opts["grid"]))
     if upload is None:
         t_put, dl = ctx.timed(lambda: be.put_layout(L))
         box = {"dl": dl}
@@ -1066,16 +1074,27 @@ def system_list(ctx, data, *, epochs, fm_l2, sk_rows, cusparse_batches, real):
             return float(_sgd_auto_learning_rate(data.X, np.ones(n), loss="logistic",
                                                  fit_intercept=True))
 
+        # "auto" and "max": the estimators' ``concurrency`` (thread blocks
+        # training mini-batches at once); LR with adagrad runs the full grid
+        # either way
         add("ours_lr_adagrad", "ours LR adagrad (kernel)", "LR", ("kernel",),
-            lambda: run_kernel(ctx, data, k=0, l2_w=l2_w, epochs=epochs))
+            lambda: run_kernel(ctx, data, k=0, l2_w=l2_w, epochs=epochs, concurrency="auto"))
         if not real:
-            def _sgd():
+            def _sgd(conc):
                 rate = sgd_rate()
-                return run_kernel(ctx, data, k=0, solver="sgd", lr=rate, l2_w=l2_w, epochs=epochs)
+                return run_kernel(ctx, data, k=0, solver="sgd", lr=rate, l2_w=l2_w,
+                                  epochs=epochs, concurrency=conc)
 
-            add("ours_lr_sgd", "ours LR sgd (kernel)", "LR", ("kernel", "sgd"), _sgd)
-        add("ours_fm", f"ours FM{k} adagrad (kernel)", "FM", ("kernel",),
-            lambda: run_kernel(ctx, data, k=k, l2_w=fa, l2_v=fb, epochs=epochs))
+            add("ours_lr_sgd", "ours LR sgd (kernel, concurrency=auto)", "LR",
+                ("kernel", "sgd"), lambda: _sgd("auto"))
+            add("ours_lr_sgd_max", "ours LR sgd (kernel, concurrency=max)", "LR",
+                ("kernel", "sgd"), lambda: _sgd("max"))
+        add("ours_fm", f"ours FM{k} adagrad (kernel, concurrency=max)", "FM", ("kernel",),
+            lambda: run_kernel(ctx, data, k=k, l2_w=fa, l2_v=fb, epochs=epochs,
+                               concurrency="max"))
+        add("ours_fm_auto", f"ours FM{k} adagrad (kernel, concurrency=auto)", "FM",
+            ("kernel",), lambda: run_kernel(ctx, data, k=k, l2_w=fa, l2_v=fb, epochs=epochs,
+                                            concurrency="auto"))
         add("est_lr_adagrad", "ours GPULogisticRegression adagrad (fit)", "LR-fit",
             ("estimators",),
             lambda: run_estimator(ctx, data, lambda: GPULogisticRegression(
@@ -1505,7 +1524,7 @@ def _md_systems(res, part, title):
     return L
 
 
-REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "est_lr_lbfgs", "sk_lr", "sk_sgd", "torch_lr",
+REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_auto", "est_lr_lbfgs", "sk_lr", "sk_sgd", "torch_lr",
                 "torch_fm", "ours_fm_reg", "est_fm_reg", "sk_ridge")
 
 

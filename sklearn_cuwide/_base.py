@@ -215,15 +215,20 @@ def _make_layout(X_csr, params, *, backend, n_outputs, n_factors, batch_size,
 
 def _run_minibatch(layout, y, sw, state, params, *, backend, max_iter, tol,
                    n_iter_no_change, shuffle, seed, validation, verbose,
-                   fresh=True):
+                   fresh=True, concurrency="auto"):
     """One call of :func:`~sklearn_cuwide._solvers.fit_minibatch`.
 
     ``fresh``: the model starts from its initial values, so on the GPU the
     first epoch warms the concurrency up (see the CUDA backend's ``ramp``).
+    ``concurrency``: the estimators' parameter, resolved by the CUDA backend
+    into thread blocks (the CPU backend always runs in order).
     """
     first = None
-    if fresh and getattr(backend, "name", "cpu") == "cuda":
-        first = {"ramp": backend.default_ramp(params)}
+    options = None
+    if getattr(backend, "name", "cpu") == "cuda":
+        options = {"grid": backend.concurrent_blocks(concurrency, params, layout.n_batches)}
+        if fresh:
+            first = {"ramp": backend.default_ramp(params)}
     return fit_minibatch(
         layout,
         y,
@@ -238,6 +243,7 @@ def _run_minibatch(layout, y, sw, state, params, *, backend, max_iter, tol,
         random_state=seed,
         validation=validation,
         verbose=verbose,
+        backend_options=options,
         first_epoch_options=first,
     )
 

@@ -144,6 +144,15 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
         ``"cuda"`` without a usable GPU raises.
+    concurrency : "auto", "max" or int, default="auto"
+        Mini-batches trained at once on the GPU (thread blocks updating the
+        model without locks, Hogwild).  ``"auto"``: as many as converge as
+        well as the sequential order for this solver, as measured (the full
+        grid for ``"adagrad"``, 1 for ``"sgd"``); ``"max"``: every thread
+        block the device runs at once (fastest; ``"sgd"`` then loses
+        accuracy); an int ``P``: at most ``P``, and ``1`` applies the
+        mini-batches strictly in order as the CPU does.  The CPU always runs
+        in order; ``"lbfgs"`` ignores it.  See :ref:`reproducibility`.
 
     Attributes
     ----------
@@ -211,6 +220,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "device": [str],
+        "concurrency": [StrOptions({"auto", "max"}), Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -234,6 +244,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         validation_fraction=0.1,
         n_iter_no_change=5,
         device="auto",
+        concurrency="auto",
     ):
         self.penalty = penalty
         self.C = C
@@ -253,6 +264,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.device = device
+        self.concurrency = concurrency
 
     # ------------------------------------------------------------------
     # parameters
@@ -502,6 +514,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             validation=validation,
             verbose=self.verbose,
             fresh=warm is None,
+            concurrency=self.concurrency,
         )
         self.coef_ = np.ascontiguousarray(out.w.T)
         self.intercept_ = np.array(out.b) if self.fit_intercept else np.zeros(

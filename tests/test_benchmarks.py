@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run_all.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import run_all  # noqa: E402
+from sklearn_cuwide._backends import _concurrency  # noqa: E402
 
 
 def _has(mod):
@@ -260,6 +261,10 @@ def spy(*a, **kw):
 
 _cpu.run_epoch = spy
 _cpu.default_ramp = lambda params: 8
+# the CUDA backend's resolution of ``concurrency``, with an H200's full grid
+from sklearn_cuwide._backends import _concurrency
+_cpu.concurrent_blocks = lambda conc, params, n: _concurrency.blocks(
+    conc, params.model, params.solver, n, 264)
 backends.get_backend = lambda dev: _cpu
 device.resolve_device = lambda dev, X=None: "cpu"
 run_all._gpu_available = lambda: True
@@ -297,15 +302,23 @@ def test_gpu_mode_control_flow_on_a_cpu_stand_in(tmp_path):
     # the first epoch of every fresh model warms the concurrency up; the
     # ablation's switches reach run_epoch (first epoch and later ones)
     assert seen["ramp"] > 0 and seen[""] > 0
+    # the systems' ``concurrency`` reaches run_epoch as a grid
+    assert seen["grid ramp"] > 0 and seen["grid"] > 0
     for switch in ("acc_global", "n_rep"):
         assert seen[f"{switch} ramp"] == 2 and seen[switch] == 2 * (res["config"]["epochs"] - 1)
     _, entry = _main(res)
-    for sid in ("ours_lr_adagrad", "ours_fm", "est_lr_adagrad", "est_fm", "sk_lr", "sk_sgd"):
+    for sid in ("ours_lr_adagrad", "ours_fm", "ours_fm_auto", "ours_lr_sgd", "ours_lr_sgd_max",
+                "est_lr_adagrad", "est_fm", "sk_lr", "sk_sgd"):
         assert "error" not in entry["systems"][sid], entry["systems"][sid]
         assert "test_auc" in entry["systems"][sid]
     for sid in ("torch_lr", "cusparse_lr"):
         assert "error" in entry["systems"][sid]
     assert entry["systems"]["ours_lr_adagrad"]["gpu_peak_bytes"] == 0  # the stand-in pool
+    n_batches = -(-entry["systems"]["ours_fm"]["rows"] // run_all.BATCH)
+    grid = _concurrency.grid_for(n_batches, 264)
+    assert entry["systems"]["ours_fm"]["blocks"] == grid
+    assert entry["systems"]["ours_fm_auto"]["blocks"] == min(4, grid)
+    assert entry["systems"]["ours_lr_sgd"]["blocks"] == 1
 
 
 def test_helpers_against_references():

@@ -24,7 +24,7 @@ import numpy as np
 from .._kernels import get_kernel, kernel_name
 from .._sparse import canonical_csr
 from .._state import ModelState
-from . import _tiles
+from . import _concurrency, _tiles
 
 name = "cuda"
 xp = cp
@@ -342,9 +342,6 @@ def train_kernel(params, n_outputs, n_factors):
     return get_kernel("cuwide_train.cu", expr)
 
 
-#: fewest mini-batches per thread block and epoch before more blocks are used
-MIN_BATCHES_PER_BLOCK = 16
-
 
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200
@@ -379,10 +376,17 @@ def full_grid():
 
 
 def default_grid(n_batches):
-    """Blocks an epoch of ``n_batches`` mini-batches runs on: the full grid,
-    but at least MIN_BATCHES_PER_BLOCK mini-batches per block (small data
-    runs on fewer blocks, with less staleness)."""
-    return max(1, min(full_grid(), n_batches // MIN_BATCHES_PER_BLOCK))
+    """Blocks an epoch of ``n_batches`` mini-batches runs on when none are
+    asked for: the full grid, but at least MIN_BATCHES_PER_BLOCK mini-batches
+    per block (small data runs on fewer blocks, with less staleness)."""
+    return _concurrency.grid_for(n_batches, full_grid())
+
+
+def concurrent_blocks(concurrency, params, n_batches):
+    """Thread blocks for the estimators' ``concurrency`` ("auto", "max" or
+    an int): see :mod:`sklearn_cuwide._backends._concurrency`."""
+    return _concurrency.blocks(concurrency, params.model, params.solver, n_batches,
+                               full_grid())
 
 
 def default_ramp(params):
@@ -440,7 +444,7 @@ def run_epoch(
     if smem > kern.max_dynamic_shared_size_bytes:
         kern.max_dynamic_shared_size_bytes = smem
     if grid is None:
-        # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches is
+        # a data set of under 2 * _concurrency.MIN_BATCHES_PER_BLOCK mini-batches is
         # trained strictly in order
         grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)

@@ -1,0 +1,74 @@
+"""How many mini-batches the GPU trains at once (the ``concurrency``
+parameter of the mini-batch estimators).
+
+The CUDA training kernel runs ``P`` thread blocks, each taking mini-batches
+from a shared counter and updating the model without locks (Hogwild).  With
+``P = 1`` one block applies the mini-batches strictly in order: the CPU
+backend's semantics.  Larger ``P`` is faster, but a block reads weights the
+others are about to change, and whether the fit still converges as well as
+the sequential order depends on the model and the solver.  Measured on an
+H200 (``benchmarks/results/2026-11-30_s3_grid/``; Criteo-like data with
+2^16 features, 400k / 1M / 2M rows, 5 epochs, test AUC against ``P = 1``):
+
+==================  ==================================  ======================
+model, solver       AUC lost                            ``"auto"`` runs
+==================  ==================================  ======================
+LR, adagrad         <= 0.0012 up to the full grid       the full grid
+FM, adagrad         <= 0.0001 at P <= 4; 0.0016-0.0073  4 blocks
+                    at P = 8; up to 0.031 at the full
+                    grid
+sgd (LR or FM)      0.0008-0.0026 already at P = 2      1 block (in order)
+==================  ==================================  ======================
+
+Pure functions of plain values (no cupy): the CUDA backend passes its full
+grid in, and the CPU tests check the rule.
+"""
+
+from numbers import Integral
+
+#: fewest mini-batches per thread block and epoch before more blocks are used
+MIN_BATCHES_PER_BLOCK = 16
+
+#: most blocks ``concurrency="auto"`` runs, per (model, solver); None: the
+#: full grid
+AUTO_BLOCKS = {
+    ("linear", "adagrad"): None,
+    ("linear", "sgd"): 1,
+    ("fm", "adagrad"): 4,
+    ("fm", "sgd"): 1,
+}
+
+
+def grid_for(n_batches, full_grid):
+    """The most blocks an epoch of ``n_batches`` mini-batches runs on: the
+    full grid, but at least MIN_BATCHES_PER_BLOCK mini-batches per block
+    (small data runs on fewer blocks)."""
+    return max(1, min(int(full_grid), int(n_batches) // MIN_BATCHES_PER_BLOCK))
+
+
+def auto_blocks(model, solver):
+    """Most blocks ``"auto"`` runs for ``model`` ("linear"/"fm") and
+    ``solver`` ("sgd"/"adagrad"); None for the full grid."""
+    return AUTO_BLOCKS[model, solver]
+
+
+def blocks(concurrency, model, solver, n_batches, full_grid):
+    """Thread blocks of an epoch for the estimators' ``concurrency``.
+
+    ``"auto"``: the most that converges as well as the sequential order
+    (:data:`AUTO_BLOCKS`); ``"max"``: every block the device runs at once;
+    an int ``P >= 1``: at most ``P``.  Never more than :func:`grid_for`.
+    """
+    most = grid_for(n_batches, full_grid)
+    if concurrency == "max":
+        return most
+    if concurrency == "auto":
+        cap = auto_blocks(model, solver)
+        return most if cap is None else min(most, cap)
+    if isinstance(concurrency, Integral) and not isinstance(concurrency, bool) \
+            and concurrency >= 1:
+        return min(most, int(concurrency))
+    raise ValueError(
+        "concurrency must be 'auto', 'max' or an int >= 1, got "
+        f"{concurrency!r}"
+    )
