@@ -85,7 +85,7 @@ def part_big(out):
     plan = {
         2**22: [("fm16", GPUFactorizationMachine(n_factors=16, **FM), (1, 4, 16, 64, "max")),
                 ("fm8", GPUFactorizationMachine(n_factors=8, **FM), (1, 4, "max")),
-                ("lr-sgd", GPULogisticRegression(solver="sgd", max_iter=3, tol=None),
+                ("lr-sgd", GPULogisticRegression(solver="sgd", max_iter=3),
                  (1, 2, "max"))],
         2**16: [("fm8", GPUFactorizationMachine(n_factors=8, **FM), (1, 4, 16, "max"))],
     }
