@@ -132,11 +132,21 @@ def plot_scaling(res, path):
             xs = [p["x"] for p in ok]
             ys = [p["epoch_ms"] for p in ok]
             fit = fits.get(f"{sweep} {model}")
-            lab = model + (f" (slope {fit['slope']:.2f})" if fit else "")
-            ax.plot(xs, ys, "o-", label=lab)
+            sat = (fit or {}).get("saturated")
+            lab = model + (f" (slope {fit['slope']:.2f}" if fit else "")
+            if fit:
+                lab += f"; every block busy: {sat['slope']:.2f})" if sat else ")"
+            line, = ax.plot(xs, ys, "o-", label=lab)
+            # hollow: fewer blocks than the device runs at once (latency-bound)
+            part = [p for p in ok if p.get("blocks") and p.get("full_grid")
+                    and p["blocks"] < p["full_grid"]]
+            if part:
+                ax.plot([p["x"] for p in part], [p["epoch_ms"] for p in part], "o",
+                        mfc="white", color=line.get_color())
             if sweep == "rows" and len(xs) >= 2:
-                ax.plot([xs[0], xs[-1]], [ys[0], ys[0] * xs[-1] / xs[0]], ":", color="gray",
-                        lw=1)
+                busy = [p for p in ok if p not in part] or ok
+                x0, y0 = busy[0]["x"], busy[0]["epoch_ms"]
+                ax.plot([x0, xs[-1]], [y0, y0 * xs[-1] / x0], ":", color="gray", lw=1)
         floors = [(p["x"], p["floor_ms"]) for pts in sc[sweep].values() for p in pts
                   if _ok(p.get("floor_ms"))]
         if floors and sweep != "factors":
@@ -150,7 +160,8 @@ def plot_scaling(res, path):
         ax.set_title(f"epoch time vs {xname}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Scaling (log-log; dotted: slope 1 through the first point)", fontsize=11)
+    fig.suptitle("Scaling (log-log; dotted: slope 1 through the first point with every "
+                 "block busy; hollow: fewer blocks than the device runs at once)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

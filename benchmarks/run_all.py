@@ -1741,6 +1741,9 @@ def parse_args(argv):
     ap.add_argument("--systems-data", default=None,
                     help="synthetic datasets of the systems part, ROWSxLOG2FEATURES,... "
                          "(default 4000000x22 on the GPU)")
+    ap.add_argument("--scale-rows", default=None,
+                    help="training rows of the rows-scaling sweep, comma list "
+                         "(default 1M, 2M, 4M, 8M, 16M on the GPU)")
     args = ap.parse_args(argv)
     if args.gpu:
         args.mode = "gpu"
@@ -1766,6 +1769,8 @@ def make_config(args):
     if args.systems_data:
         cfg["systems_data"] = [tuple(int(v) for v in s.lower().split("x"))
                                for s in args.systems_data.split(",") if s.strip()]
+    if args.scale_rows:
+        cfg["scale_rows"] = [int(float(v)) for v in args.scale_rows.split(",") if v.strip()]
     if args.budget_s is None:
         args.budget_s = cfg["budget_s"]
     if args.sk_workers is None:
