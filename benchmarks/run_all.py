@@ -592,6 +592,38 @@ class DataPool:
         return Data(f"{name} {rows}x2^{log2_features}", task, Xtr, y[:rows], Xt, yt,
                     base=f"{task} {n_train}+{X.shape[0] - n_train}x2^{log2_features}")
 
+    def tiled(self, task, log2_features, rows, base_rows):
+        """``rows`` training rows (no test rows) made of the first ``base_rows``
+        rows repeated: for timing epochs beyond what the host can generate in
+        a session (an epoch's time depends on the nonzeros and the features'
+        popularity, which repeating keeps; the layout shuffles the rows)."""
+        import scipy.sparse as sp
+
+        key = ("tiled", task, int(log2_features), int(base_rows))
+        have = self.full.get(key)
+        if have is None or have.shape[0] < rows:
+            base = self.get(task, log2_features, base_rows, test=False)
+            B = base.X
+            reps = -(-int(rows) // B.shape[0])
+            t0 = time.perf_counter()
+            ip = B.indptr.astype(np.int64)
+            nnz = int(ip[-1])
+            indptr = np.concatenate([ip[:-1] + i * nnz for i in range(reps)]
+                                    + [np.array([reps * nnz], dtype=np.int64)])
+            T = sp.csr_matrix((np.tile(B.data, reps), np.tile(B.indices, reps), indptr),
+                              shape=(B.shape[0] * reps, B.shape[1]), copy=False)
+            self.full[key] = have = T
+            self.generated[f"{task} {T.shape[0]}x2^{log2_features} (tiled)"] = \
+                time.perf_counter() - t0
+            log(f"  data: {base_rows:,} rows x {reps} tiled to {T.shape[0]:,} rows "
+                f"{time.perf_counter() - t0:.1f} s")
+        base = self.get(task, log2_features, base_rows, test=False)
+        name = "ctr" if task == "binary" else "ctr-regression"
+        y = np.resize(base.y, rows)
+        return Data(f"{name} {rows}x2^{log2_features} (tiled from {base_rows})", task,
+                    _csr_rows(have, 0, rows), y, _csr_rows(have, 0, 0), y[:0],
+                    base=f"{task} tiled {base_rows}x2^{log2_features}")
+
 
 # --------------------------------------------------------------------------
 # this project: kernels through the backend
@@ -1332,10 +1364,16 @@ def part_scaling(ctx, pool, floors):
                rec.get("error", rec.get("skipped", ""))[:100]))
 
     lf = cfg["scale_rows_features"]
+    base = cfg.get("scale_rows_base")
     for n in cfg["scale_rows"]:
-        data = pool.get("binary", lf, n, test=False)
+        if base and n > base:
+            data = pool.tiled("binary", lf, n, base)
+        else:
+            data = pool.get("binary", lf, n, test=False)
         for model, kk in models:
             point("rows", model, n, data, kk)
+            if base and n > base:
+                out["rows"][model][-1]["tiled_from_rows"] = base
     ctx.drop_layouts()
     for lf2 in cfg["scale_features"]:
         data = pool.get("binary", lf2, cfg["scale_features_rows"], test=False)
@@ -1741,6 +1779,9 @@ def parse_args(argv):
     ap.add_argument("--systems-data", default=None,
                     help="synthetic datasets of the systems part, ROWSxLOG2FEATURES,... "
                          "(default 4000000x22 on the GPU)")
+    ap.add_argument("--scale-rows-base", type=float, default=None,
+                    help="generate at most this many rows for the rows sweep; larger "
+                         "points repeat them (timing only)")
     ap.add_argument("--scale-rows", default=None,
                     help="training rows of the rows-scaling sweep, comma list "
                          "(default 1M, 2M, 4M, 8M, 16M on the GPU)")
@@ -1769,6 +1810,8 @@ def make_config(args):
     if args.systems_data:
         cfg["systems_data"] = [tuple(int(v) for v in s.lower().split("x"))
                                for s in args.systems_data.split(",") if s.strip()]
+    if args.scale_rows_base:
+        cfg["scale_rows_base"] = int(args.scale_rows_base)
     if args.scale_rows:
         cfg["scale_rows"] = [int(float(v)) for v in args.scale_rows.split(",") if v.strip()]
     if args.budget_s is None:
@@ -1790,6 +1833,7 @@ def plan_data(pool, cfg, parts, skip):
         pool.plan("binary", lf, rows)
     if "scaling" in parts:
         for n in cfg["scale_rows"]:
+            n = min(n, cfg.get("scale_rows_base") or n)
             pool.plan("binary", cfg["scale_rows_features"], n, test=False)
         for lf in cfg["scale_features"]:
             pool.plan("binary", lf, cfg["scale_features_rows"], test=False)

@@ -406,3 +406,17 @@ def _write_runs(tmp_path, *runs):
         p.write_text(json.dumps(r))
         paths.append(str(p))
     return paths
+
+
+def test_tiled_rows_repeat_the_base_rows():
+    import scipy.sparse as sp
+
+    pool = run_all.DataPool(test_rows=0)
+    base = pool.get("binary", 8, 300, test=False)
+    d = pool.tiled("binary", 8, 700, 300)
+    assert d.X.shape == (700, 2**8) and d.Xt.shape[0] == 0
+    want = sp.vstack([base.X] * 3).tocsr()[:700]
+    assert (d.X != want).nnz == 0
+    np.testing.assert_array_equal(d.y, np.resize(base.y, 700))
+    # a smaller tiled size reuses the larger one's rows
+    assert (pool.tiled("binary", 8, 500, 300).X != want[:500]).nnz == 0
