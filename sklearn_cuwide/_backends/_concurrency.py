@@ -10,15 +10,12 @@ the sequential order depends on the model and the solver.  Measured on an
 H200 (``benchmarks/results/2026-11-30_s3_grid/``; Criteo-like data with
 2^16 features, 400k / 1M / 2M rows, 5 epochs, test AUC against ``P = 1``):
 
-==================  ==================================  ======================
-model, solver       AUC lost                            ``"auto"`` runs
-==================  ==================================  ======================
-LR, adagrad         <= 0.0012 up to the full grid       the full grid
-FM, adagrad         <= 0.0001 at P <= 4; 0.0016-0.0073  4 blocks
-                    at P = 8; up to 0.031 at the full
-                    grid
-sgd (LR or FM)      0.0008-0.0026 already at P = 2      1 block (in order)
-==================  ==================================  ======================
+* LR with adagrad: at most 0.0012 lost up to the full grid -> ``"auto"``
+  runs the full grid;
+* FM with adagrad: at most 0.0001 at P <= 4, 0.0016-0.0073 at P = 8, up to
+  0.031 with the full grid -> 4 blocks;
+* LR with sgd: 0.0008-0.0026 lost already at P = 2 -> 1 block (in order);
+  the FM with sgd (not measured) gets the same rule.
 
 Pure functions of plain values (no cupy): the CUDA backend passes its full
 grid in, and the CPU tests check the rule.
