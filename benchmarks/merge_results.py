@@ -29,6 +29,22 @@ PART_KEYS = {
 }
 
 
+def _merge_scaling(old, new):
+    """A later run's scaling part replaces the sweeps it ran (rows, features,
+    factors) and keeps the earlier run's others (``--scale-sweeps``)."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or "error" in new:
+        return new
+    out = dict(old)
+    out["fits"] = dict(old.get("fits") or {})
+    for sweep in ("rows", "features", "factors"):
+        if new.get(sweep):
+            out[sweep] = new[sweep]
+            out["fits"] = {k: v for k, v in out["fits"].items() if not k.startswith(sweep + " ")}
+            out["fits"].update({k: v for k, v in (new.get("fits") or {}).items()
+                                if k.startswith(sweep + " ")})
+    return out
+
+
 def merge(results, commits=None):
     commits = commits or {}
     out = {"runs": []}
@@ -42,7 +58,7 @@ def merge(results, commits=None):
         for p in parts:
             for k in PART_KEYS[p]:
                 if k in res:
-                    out[k] = res[k]
+                    out[k] = _merge_scaling(out.get(k), res[k]) if k == "scaling" else res[k]
         for k in ("compile_s", "data_generated"):
             out.setdefault(k, {}).update(res.get(k) or {})
         out["config"] = {**out.get("config", {}), **(res.get("config") or {})}

@@ -1365,7 +1365,8 @@ def part_scaling(ctx, pool, floors):
 
     lf = cfg["scale_rows_features"]
     base = cfg.get("scale_rows_base")
-    for n in cfg["scale_rows"]:
+    sweeps = cfg.get("scale_sweeps", ("rows", "features", "factors"))
+    for n in (cfg["scale_rows"] if "rows" in sweeps else ()):
         if base and n > base:
             data = pool.tiled("binary", lf, n, base)
         else:
@@ -1375,14 +1376,14 @@ def part_scaling(ctx, pool, floors):
             if base and n > base:
                 out["rows"][model][-1]["tiled_from_rows"] = base
     ctx.drop_layouts()
-    for lf2 in cfg["scale_features"]:
+    for lf2 in (cfg["scale_features"] if "features" in sweeps else ()):
         data = pool.get("binary", lf2, cfg["scale_features_rows"], test=False)
         for model, kk in models:
             point("features", model, 2 ** lf2, data, kk)
         ctx.drop_layouts()
     n, lf3 = cfg["scale_factors_data"]
-    data = pool.get("binary", lf3, n, test=False)
-    for kk in cfg["scale_factors"]:
+    for kk in (cfg["scale_factors"] if "factors" in sweeps else ()):
+        data = pool.get("binary", lf3, n, test=False)
         point("factors", "FM", kk, data, kk)
     ctx.drop_layouts()
     for sweep in ("rows", "features", "factors"):
@@ -1779,6 +1780,9 @@ def parse_args(argv):
     ap.add_argument("--systems-data", default=None,
                     help="synthetic datasets of the systems part, ROWSxLOG2FEATURES,... "
                          "(default 4000000x22 on the GPU)")
+    ap.add_argument("--scale-sweeps", default=None,
+                    help="which scaling sweeps run: comma list of rows, features, factors "
+                         "(default all)")
     ap.add_argument("--scale-rows-base", type=float, default=None,
                     help="generate at most this many rows for the rows sweep; larger "
                          "points repeat them (timing only)")
@@ -1810,6 +1814,8 @@ def make_config(args):
     if args.systems_data:
         cfg["systems_data"] = [tuple(int(v) for v in s.lower().split("x"))
                                for s in args.systems_data.split(",") if s.strip()]
+    if args.scale_sweeps:
+        cfg["scale_sweeps"] = tuple(v.strip() for v in args.scale_sweeps.split(",") if v.strip())
     if args.scale_rows_base:
         cfg["scale_rows_base"] = int(args.scale_rows_base)
     if args.scale_rows:

@@ -6,6 +6,8 @@
 #             (sanitize-lbfgs: only the L-BFGS kernels' tests)
 #   bench:    benchmarks/bench_gpu.py (issue-3 targets)
 #   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
+#   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
+#             the generated rows; timing only), merged into suite/ afterwards
 # Logs and results go to $OUT (the device tool's folder) or benchmarks/results/device.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -40,6 +42,12 @@ if [[ $what == *suite* || $what == all ]]; then
   export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
   step suite python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-250}" \
     --parts "${SUITE_PARTS:-floors,systems,real,ablation,scaling}" --out "$OUT/suite"
+fi
+if [[ $what == *scaling-large* ]]; then
+  step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \
+    --scale-rows "${SCALE_ROWS:-1e6,2e6,4e6,8e6,16e6,32e6,64e6}" --scale-sweeps rows \
+    --scale-rows-base "${SCALE_ROWS_BASE:-16e6}" --budget-s "${SUITE_BUDGET_S:-450}" \
+    --out "$OUT/scaling_large"
 fi
 echo
 cat "$OUT/gpu.txt"

@@ -420,3 +420,26 @@ def test_tiled_rows_repeat_the_base_rows():
     np.testing.assert_array_equal(d.y, np.resize(base.y, 700))
     # a smaller tiled size reuses the larger one's rows
     assert (pool.tiled("binary", 8, 500, 300).X != want[:500]).nnz == 0
+
+
+def test_merge_keeps_the_scaling_sweeps_a_later_run_left_out(smoke):
+    import copy
+
+    import merge_results
+
+    res, _, _ = smoke
+    rows_only = {k: copy.deepcopy(res[k]) for k in ("config", "env", "scaling")}
+    rows_only["scaling"]["features"] = {}
+    rows_only["scaling"]["factors"] = {}
+    rows_only["scaling"]["fits"] = {k: v for k, v in res["scaling"]["fits"].items()
+                                    if k.startswith("rows ")}
+    for pts in rows_only["scaling"]["rows"].values():
+        for p in pts:
+            p["epoch_ms"] *= 3.0
+    merged = merge_results.merge([res, rows_only])["scaling"]
+    assert merged["rows"] == rows_only["scaling"]["rows"]
+    assert merged["features"] == res["scaling"]["features"] and merged["features"]
+    assert merged["factors"] == res["scaling"]["factors"] and merged["factors"]
+    assert set(merged["fits"]) == set(res["scaling"]["fits"])
+    for k, v in merged["fits"].items():
+        assert v == (rows_only if k.startswith("rows ") else res)["scaling"]["fits"][k]
