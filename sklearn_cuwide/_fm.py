@@ -143,7 +143,10 @@ class _BaseFM(_CuWideEstimator):
         "warm_start": ["boolean"],
         "random_state": ["random_state"],
         "device": [str],
-        "concurrency": [StrOptions({"auto", "max"}), Interval(Integral, 1, None, closed="left")],
+        "concurrency": [
+            StrOptions({"auto", "max"}),
+            Interval(Integral, 1, None, closed="left"),
+        ],
         "verbose": ["verbose"],
     }
 

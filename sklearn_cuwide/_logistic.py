@@ -220,7 +220,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "device": [str],
-        "concurrency": [StrOptions({"auto", "max"}), Interval(Integral, 1, None, closed="left")],
+        "concurrency": [
+            StrOptions({"auto", "max"}),
+            Interval(Integral, 1, None, closed="left"),
+        ],
     }
 
     def __init__(

@@ -342,7 +342,6 @@ def train_kernel(params, n_outputs, n_factors):
     return get_kernel("cuwide_train.cu", expr)
 
 
-
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200
     (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
@@ -444,8 +443,8 @@ def run_epoch(
     if smem > kern.max_dynamic_shared_size_bytes:
         kern.max_dynamic_shared_size_bytes = smem
     if grid is None:
-        # a data set of under 2 * _concurrency.MIN_BATCHES_PER_BLOCK mini-batches is
-        # trained strictly in order
+        # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
+        # (_concurrency) is trained strictly in order
         grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
