@@ -1,6 +1,6 @@
 """How many concurrent thread blocks a mini-batch fit can use before it stops
-converging as well as the sequential order (exploration for the CUDA
-backend's ``default_grid``), and the FM's per-sample accumulators in shared
+converging as well as the sequential order (the measurement behind
+``concurrency="auto"``), and the FM's per-sample accumulators in shared
 vs global memory over ``n_factors``.
 
     PYTHONPATH=. python benchmarks/explore_grid.py [--part grid,accglobal,big]
@@ -8,7 +8,9 @@ vs global memory over ``n_factors``.
 
 ``grid``: Criteo-like data (2^16 features, the demo's shape) at several
 sizes; each estimator (FM k=8, LR sgd, LR adagrad; 5 epochs, defaults) is
-fitted on the GPU with the training kernel's grid pinned to P blocks.  P=1 is
+fitted on the GPU with ``concurrency=P`` blocks (the results in
+``benchmarks/results/2026-11-30_s3_grid/`` were taken before that parameter
+existed, with ``_cuda.default_grid`` patched to return P: the same grid).  P=1 is
 the sequential order (one block, the CPU backend's semantics).  Prints test
 AUC and fit time per P.
 
@@ -24,8 +26,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,28 +45,26 @@ ESTIMATORS = {
 
 
 def part_grid(sizes, out):
-    orig = _cuda.default_grid
     rows = []
     for n in sizes:
         X, y = make_ctr_classification(n_samples=n + n // 5, n_features=2**16, model="fm",
                                        random_state=3)
         Xtr, ytr, Xte, yte = X[:n], y[:n], X[n:], y[n:]
         nb = -(-n // 1024)
-        full = orig(nb)
+        full = _cuda.default_grid(nb)
         Ps = sorted({p for p in (1, 2, 4, 8, 16, 32, 64, 128) if p < full} | {full})
         for name, est in ESTIMATORS.items():
             clone(est).set_params(device="cuda", max_iter=1).fit(Xtr[:5000], ytr[:5000])
             for P in Ps:
-                _cuda.default_grid = lambda n_batches, P=P: P
                 t0 = time.perf_counter()
-                m = clone(est).set_params(device="cuda", random_state=0).fit(Xtr, ytr)
+                m = clone(est).set_params(device="cuda", random_state=0,
+                                          concurrency=P).fit(Xtr, ytr)
                 t = time.perf_counter() - t0
                 a = roc_auc_score(yte, m.decision_function(Xte))
                 rows.append(dict(rows=n, batches=nb, model=name, P=P, auc=a, fit_s=t,
                                  current_default=full))
                 print(f"grid rows={n} batches={nb} {name:10s} P={P:4d} auc={a:.4f} "
                       f"fit={t:.2f}s", flush=True)
-            _cuda.default_grid = orig
     (out / "grid.json").write_text(json.dumps(rows, indent=1))
     # summary: AUC loss against P=1 per (rows, model)
     print("\nAUC - AUC(P=1)")

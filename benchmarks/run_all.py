@@ -599,10 +599,10 @@ class DataPool:
         popularity, which repeating keeps; the layout shuffles the rows)."""
         import scipy.sparse as sp
 
+        base = self.get(task, log2_features, base_rows, test=False)
         key = ("tiled", task, int(log2_features), int(base_rows))
         have = self.full.get(key)
         if have is None or have.shape[0] < rows:
-            base = self.get(task, log2_features, base_rows, test=False)
             B = base.X
             reps = -(-int(rows) // B.shape[0])
             t0 = time.perf_counter()
@@ -617,7 +617,6 @@ class DataPool:
                 time.perf_counter() - t0
             log(f"  data: {base_rows:,} rows x {reps} tiled to {T.shape[0]:,} rows "
                 f"{time.perf_counter() - t0:.1f} s")
-        base = self.get(task, log2_features, base_rows, test=False)
         name = "ctr" if task == "binary" else "ctr-regression"
         y = np.resize(base.y, rows)
         return Data(f"{name} {rows}x2^{log2_features} (tiled from {base_rows})", task,

@@ -8,8 +8,11 @@ functions of :mod:`sklearn_cuwide._solvers` through the helpers here.
 """
 
 import numpy as np
+from numbers import Integral, Real
+
 from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import _check_sample_weight, _check_y, validate_data
@@ -27,6 +30,29 @@ ACCEPT_SPARSE = ["csr", "csc", "coo"]
 DTYPES = [np.float32, np.float64]
 #: the dtype the model state and the training layout use
 COMPUTE_DTYPE = np.float32
+
+#: the parameters every estimator shares (mini-batch training, device)
+_SHARED_PARAMETER_CONSTRAINTS = {
+    "fit_intercept": ["boolean"],
+    "max_iter": [Interval(Integral, 0, None, closed="left")],
+    "warm_start": ["boolean"],
+    "random_state": ["random_state"],
+    "verbose": ["verbose"],
+    "batch_size": [Interval(Integral, 1, None, closed="left")],
+    "learning_rate": [
+        StrOptions({"auto"}),
+        Interval(Real, 0, None, closed="neither"),
+    ],
+    "shuffle": ["boolean"],
+    "early_stopping": ["boolean"],
+    "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+    "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+    "device": [str],
+    "concurrency": [
+        StrOptions({"auto", "max"}),
+        Interval(Integral, 1, None, closed="left"),
+    ],
+}
 
 
 # --------------------------------------------------------------------------

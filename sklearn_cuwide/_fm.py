@@ -13,6 +13,7 @@ from sklearn.utils.multiclass import (
 )
 
 from ._base import (
+    _SHARED_PARAMETER_CONSTRAINTS,
     _WideClassifierMixin,
     COMPUTE_DTYPE,
     _as_csr,
@@ -122,32 +123,14 @@ class _BaseFM(_CuWideEstimator):
     """
 
     _parameter_constraints: dict = {
+        **_SHARED_PARAMETER_CONSTRAINTS,
         "n_factors": [Interval(Integral, 1, None, closed="left")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "beta": [Interval(Real, 0, None, closed="left")],
         "fit_linear": ["boolean"],
-        "fit_intercept": ["boolean"],
         "init_scale": [Interval(Real, 0, None, closed="left")],
         "solver": [StrOptions({"sgd", "adagrad"})],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
-        "learning_rate": [
-            StrOptions({"auto"}),
-            Interval(Real, 0, None, closed="neither"),
-        ],
-        "max_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left"), None],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "shuffle": ["boolean"],
-        "warm_start": ["boolean"],
-        "random_state": ["random_state"],
-        "device": [str],
-        "concurrency": [
-            StrOptions({"auto", "max"}),
-            Interval(Integral, 1, None, closed="left"),
-        ],
-        "verbose": ["verbose"],
     }
 
     def __init__(

@@ -3,7 +3,7 @@
 import inspect
 import math
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 from scipy.special import log_softmax
@@ -18,6 +18,7 @@ from sklearn.utils.multiclass import (
 )
 
 from ._base import (
+    _SHARED_PARAMETER_CONSTRAINTS,
     _WideClassifierMixin,
     COMPUTE_DTYPE,
     _as_csr,
@@ -202,28 +203,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         ],
         "C": [Interval(Real, 0, None, closed="right")],
         "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
-        "fit_intercept": ["boolean"],
         "class_weight": [dict, StrOptions({"balanced"}), None],
         "tol": [Interval(Real, 0, None, closed="left")],
-        "max_iter": [Interval(Integral, 0, None, closed="left")],
-        "warm_start": ["boolean"],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
         "solver": [StrOptions({"lbfgs", "sgd", "adagrad"})],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
-        "learning_rate": [
-            StrOptions({"auto"}),
-            Interval(Real, 0, None, closed="neither"),
-        ],
-        "shuffle": ["boolean"],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "device": [str],
-        "concurrency": [
-            StrOptions({"auto", "max"}),
-            Interval(Integral, 1, None, closed="left"),
-        ],
+        **_SHARED_PARAMETER_CONSTRAINTS,
     }
 
     def __init__(
