@@ -50,11 +50,14 @@ def merge(results, commits=None):
     out = {"runs": []}
     for i, res in enumerate(results):
         parts = [p for p, keys in PART_KEYS.items() if any(k in res for k in keys)]
-        env = dict(res.get("env") or {})
-        if str(i) in commits:
-            env["git_commit"] = commits[str(i)]
-            env["git_dirty_files"] = 0
-        out["runs"].append({"env": env, "parts": parts, "timings": res.get("timings", {})})
+        # an earlier merge keeps its runs' headers (a later merge adds a run to it)
+        runs = ([dict(r) for r in res["runs"]] if res.get("runs") else
+                [{"env": dict(res.get("env") or {}), "parts": parts,
+                  "timings": res.get("timings", {})}])
+        if str(i) in commits:  # an earlier merge: its last run
+            runs[-1]["env"] = {**runs[-1]["env"], "git_commit": commits[str(i)],
+                               "git_dirty_files": 0}
+        out["runs"].extend(runs)
         for p in parts:
             for k in PART_KEYS[p]:
                 if k in res:
@@ -62,7 +65,8 @@ def merge(results, commits=None):
         for k in ("compile_s", "data_generated"):
             out.setdefault(k, {}).update(res.get(k) or {})
         out["config"] = {**out.get("config", {}), **(res.get("config") or {})}
-        out["notes"] = res.get("notes", out.get("notes", []))
+        out["notes"] = [n for n in res.get("notes", out.get("notes", []))
+                        if not n.startswith(("Merged from several runs", "- run "))]
         out["errors"] = out.get("errors", []) + list(res.get("errors") or [])
     out["env"] = out["runs"][-1]["env"]
     out["timings"] = {f"run {i + 1}: {p}": s for i, r in enumerate(out["runs"])
