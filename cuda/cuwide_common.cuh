@@ -79,4 +79,84 @@ __device__ __forceinline__ float load_acc(const float* G) {
   return SOLVER == SGD ? 0.f : *G;
 }
 
+
+// ---- thread block clusters (sm_90): several blocks train one sample block ----
+// The cluster's blocks see each other's shared memory (distributed shared
+// memory) through addresses mapped with ``mapa``; ``cluster_sync`` is a
+// barrier over the cluster with release/acquire semantics (global and
+// shared memory), so what one block wrote before it is visible to all after.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ unsigned cluster_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n\t"
+      "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The address of ``*p`` (in this block's shared memory) in block ``rank``
+// of the cluster, as a generic pointer.
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+  unsigned long long out;
+  asm volatile("mapa.u64 %0, %1, %2;"
+               : "=l"(out)
+               : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
+  return reinterpret_cast<T*>(out);
+}
+
+// First index in [lo, hi) whose feature id is above ``f`` (``feat`` sorted
+// ascending there), or ``hi``.  One warp, all lanes, 32 probes per round.
+__device__ __forceinline__ long long warp_upper_bound(const int* __restrict__ feat, long long lo,
+                                                      long long hi, int f, int lane) {
+  while (hi - lo > 32) {
+    const long long stride = (hi - lo + 31) / 32;
+    const long long q = lo + lane * stride;
+    const bool gt = q < hi && feat[q] > f;
+    const unsigned m = __ballot_sync(CUWIDE_FULL_MASK, gt);
+    if (m == 0u) {
+      // past the last probe inside [lo, hi)
+      const long long jmax = (hi - lo - 1) / stride < 31 ? (hi - lo - 1) / stride : 31;
+      lo = lo + jmax * stride + 1;
+    } else {
+      const int j = __ffs(m) - 1;           // first probe above f
+      if (j == 0) return lo;                // feat[lo] > f already
+      const long long nhi = lo + j * stride;
+      lo = lo + (j - 1) * stride + 1;
+      hi = nhi;
+    }
+  }
+  const long long q = lo + lane;
+  const unsigned m = __ballot_sync(CUWIDE_FULL_MASK, q < hi && feat[q] > f);
+  return m ? lo + (__ffs(m) - 1) : hi;
+}
+
+// Start of part ``r`` of ``C`` of [a, b), moved forward to the next change
+// of feature so that no feature's nonzeros are split between two parts
+// (every lane of the calling warp gets it).
+__device__ __forceinline__ long long feature_split(const int* __restrict__ feat, long long a,
+                                                   long long b, int r, int C, int lane) {
+  if (r <= 0) return a;
+  if (r >= C) return b;
+  const long long p = a + (b - a) * r / C;
+  if (p <= a) return a;
+  if (p >= b) return b;
+  return warp_upper_bound(feat, p, b, feat[p - 1], lane);
+}
+
 }  // namespace cuwide

@@ -56,24 +56,47 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
   }
 }
 
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
-__global__ void __launch_bounds__(512, 2) cuwide_train(
-    const int* __restrict__ feat, const unsigned short* __restrict__ row,
-    const float* __restrict__ val, long long nnz_base,
-    const long long* __restrict__ tile_ptr, const long long* __restrict__ sblock_row_ptr,
-    const long long* __restrict__ batch_sblock_ptr, const int* __restrict__ order,
-    int n_work, int* work_counter, const float* __restrict__ y,
-    const float* __restrict__ sw, const float* __restrict__ batch_w, float* w, float* V,
-    float* b, float* gw, float* gV, float* gb, int sample_block, int n_hot, int n_rep,
-    float* acc_global, float lr, float l2w, float l2v, float l1, float eps,
-    int fit_intercept, int fit_linear, const float* __restrict__ fscale, float bscale,
-    int skip, double* loss_out) {
+#define CUWIDE_TRAIN_PARAMS                                                                 \
+  const int *__restrict__ feat, const unsigned short *__restrict__ row,                     \
+      const float *__restrict__ val, long long nnz_base,                                    \
+      const long long *__restrict__ tile_ptr, const long long *__restrict__ sblock_row_ptr, \
+      const long long *__restrict__ batch_sblock_ptr, const int *__restrict__ order,        \
+      int n_work, int *work_counter, const float *__restrict__ y,                           \
+      const float *__restrict__ sw, const float *__restrict__ batch_w, float *w, float *V,  \
+      float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
+      float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
+      int fit_intercept, int fit_linear, const float *__restrict__ fscale, float bscale,    \
+      int skip, double *loss_out
+#define CUWIDE_TRAIN_ARGS                                                                  \
+  feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
+      work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
+      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, skip,   \
+      loss_out
+
+// CL blocks (a thread block cluster when CL > 1) form one worker: they train
+// the same sample block together.  Each aggregates a CL-th of its nonzeros
+// into its own per-sample accumulators; the partial sums are reduced across
+// the cluster through distributed shared memory (block r sums rows r*m/CL..
+// (r+1)*m/CL and computes their loss), gathered back, and each block applies
+// the gradients of a CL-th of the features (the tile split at feature
+// boundaries, so every feature is updated by exactly one block).  A worker
+// applies its sample blocks in order, as one block does: with one worker the
+// semantics are the sequential order's, whatever CL; CL > 1 only shortens
+// the time one sample block takes, so fewer workers (less staleness) fill
+// the GPU.
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
+__device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
   constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4) : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ int s_item;
+  __shared__ int s_item[2];
+  __shared__ long long s_split[4];
   const int tid = threadIdx.x, bd = blockDim.x;
+  // the worker (one block, or one cluster of CL blocks) and this block's rank in it
+  const int crank = CL > 1 ? (int)cluster_rank() : 0;
+  const int worker = CL > 1 ? (int)cluster_id() : (int)blockIdx.x;
+  const int n_workers = CL > 1 ? (int)cluster_count() : (int)gridDim.x;
   const int lane = tid & 31, warp = tid >> 5, n_warps = bd >> 5;
 
   float* acc_s = reinterpret_cast<float*>(smem_raw);
@@ -85,6 +108,11 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
   float* bgrad = reinterpret_cast<float*>(wcount + 33);      // NOUT floats
   int* touched = reinterpret_cast<int*>(bgrad + NOUT);  // hot feature present?
   float* acc = acc_global ? acc_global + (long long)blockIdx.x * sample_block * RS : acc_s;
+  // block q's per-sample accumulators (q in this cluster)
+  auto peer_acc = [&](int q) -> float* {
+    return acc_global ? acc_global + (long long)(blockIdx.x - crank + q) * sample_block * RS
+                      : cluster_map(acc_s, (unsigned)q);
+  };
 
   // group of G lanes per nonzero / per segment
   const int gl = tid % G, gid = tid / G, ng = bd / G;
@@ -97,15 +125,23 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
 
   for (;;) {
     int item;
-    if (work_counter) {
+    if (work_counter && CL > 1) {
+      // the cluster's first block takes the item; two slots, so that it
+      // never overwrites one a peer has not read yet (a cluster barrier
+      // lies between a slot's read and its next write)
       __syncthreads();
-      if (tid == 0) s_item = atomicAdd(work_counter, 1);
+      if (crank == 0 && tid == 0) s_item[step & 1] = atomicAdd(work_counter, 1);
+      cluster_sync();
+      item = *cluster_map(&s_item[step & 1], 0u);
+    } else if (work_counter) {
       __syncthreads();
-      item = s_item;
+      if (tid == 0) s_item[0] = atomicAdd(work_counter, 1);
+      __syncthreads();
+      item = s_item[0];
     } else {
-      item = blockIdx.x + step * gridDim.x;
-      ++step;
+      item = worker + step * n_workers;
     }
+    ++step;
     if (item >= n_work) break;
     const int bt = order[item];
     const float wb = batch_w[bt];
@@ -118,6 +154,20 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
       const long long t0 = tile_ptr[2 * g] - nnz_base;
       const long long t1 = tile_ptr[2 * g + 1] - nnz_base;
       const long long t2 = tile_ptr[2 * g + 2] - nnz_base;
+      // this block's share: nonzeros a0..a1 to aggregate, rows s0..s1 to
+      // reduce and take the loss of, hot nonzeros h0..h1 and cold c0..c1 to
+      // apply (split at feature boundaries)
+      long long a0 = t0, a1 = t2, h0 = t0, h1 = t1, c0 = t1, c1 = t2;
+      const int s0 = m * crank / CL, s1 = m * (crank + 1) / CL;
+      if (CL > 1) {
+        a0 = t0 + (t2 - t0) * crank / CL;
+        a1 = t0 + (t2 - t0) * (crank + 1) / CL;
+        if (warp < 4) {
+          const long long lo = warp < 2 ? t0 : t1, hi = warp < 2 ? t1 : t2;
+          const long long v = feature_split(feat, lo, hi, crank + (warp & 1), CL, lane);
+          if (lane == 0) s_split[warp] = v;
+        }
+      }
 
       // ---------------- init ----------------
       for (int i = tid; i < m * RS; i += bd) acc[i] = 0.f;
@@ -132,20 +182,26 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
       }
       if (tid < NOUT) bgrad[tid] = 0.f;
       __syncthreads();
+      if (CL > 1) {
+        h0 = s_split[0];
+        h1 = s_split[1];
+        c0 = s_split[2];
+        c1 = s_split[3];
+      }
 
       // ---------------- aggregate: feature -> sample ----------------
       // UNROLL nonzeros per thread (group) per step: their loads are all
       // issued before the first use, so the gathers overlap.
       if (skip & 1) {
       } else if (MODEL == LINEAR) {
-        for (long long base = t0 + tid; base < t2; base += UNROLL * bd) {
+        for (long long base = a0 + tid; base < a1; base += UNROLL * bd) {
           int f[UNROLL], r[UNROLL];
           float x[UNROLL];
 #pragma unroll
           for (int u = 0; u < UNROLL; ++u) {
             const long long i = base + (long long)u * bd;
             f[u] = -1;
-            if (i < t2) {
+            if (i < a1) {
               f[u] = feat[i];
               r[u] = row[i];
               x[u] = val[i];
@@ -164,13 +220,12 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
 #pragma unroll
           for (int u = 0; u < UNROLL; ++u) {
             if (f[u] < 0) continue;
-            if (base + (long long)u * bd < t1) atomicExch(&touched[f[u]], 1);
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) atomicAdd(&acc[r[u] * RS + o], wv[u][o] * x[u]);
           }
         }
       } else {
-        for (long long b0 = t0; b0 < t2; b0 += (long long)UNROLL * ng) {
+        for (long long b0 = a0; b0 < a1; b0 += (long long)UNROLL * ng) {
           // b0 is the same for all lanes: the shuffles below are warp-uniform
           const long long base = b0 + gid;
           int f[UNROLL], r[UNROLL];
@@ -181,7 +236,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
             f[u] = -1;
             r[u] = 0;
             x[u] = 0.f;
-            if (i < t2) {
+            if (i < a1) {
               f[u] = feat[i];
               r[u] = row[i];
               x[u] = val[i];
@@ -226,18 +281,28 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
           for (int u = 0; u < UNROLL; ++u) {
             if (f[u] < 0 || gl != 0) continue;
             atomicAdd(&acc[r[u] * RS + NF], lin[u] * x[u] - 0.5f * sq[u]);
-            if (base + (long long)u * ng < t1) atomicExch(&touched[f[u]], 1);
           }
         }
       }
       __syncthreads();
+      if (CL > 1) {
+        // reduce: this block sums the cluster's partial accumulators of its rows
+        cluster_sync();  // every block's partial sums are complete
+        for (int i = s0 * RS + tid; i < s1 * RS; i += bd) {
+          float sum = acc[i];
+#pragma unroll
+          for (int q = 1; q < CL; ++q) sum += peer_acc((crank + q) % CL)[i];
+          acc[i] = sum;
+        }
+        __syncthreads();
+      }
 
       // ---------------- loss: per sample ----------------
       {
         float bsum[NOUT];
 #pragma unroll
         for (int o = 0; o < NOUT; ++o) bsum[o] = 0.f;
-        for (int i = tid; i < m; i += bd) {
+        for (int i = s0 + tid; i < s1; i += bd) {
           float* a = acc + i * RS;
           const float yi = y[r0 + i];
           const float si = sw[r0 + i];
@@ -293,6 +358,18 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
         }
       }
       __syncthreads();
+      if (CL > 1) {
+        // gather: every block copies the others' rows (sums and derivatives)
+        cluster_sync();
+#pragma unroll
+        for (int q = 1; q < CL; ++q) {
+          const int pr = (crank + q) % CL;
+          const int q0 = m * pr / CL, q1 = m * (pr + 1) / CL;
+          const float* src = peer_acc(pr);
+          for (int i = q0 * RS + tid; i < q1 * RS; i += bd) acc[i] = src[i];
+        }
+        __syncthreads();
+      }
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
       if (!(skip & 2)) {
@@ -301,17 +378,17 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
         // this one is reduced
         int f_n = -1, r_n = 0;
         float x_n = 0.f;
-        if (t0 + gid < t1) {
-          f_n = feat[t0 + gid];
-          r_n = row[t0 + gid];
-          x_n = val[t0 + gid];
+        if (h0 + gid < h1) {
+          f_n = feat[h0 + gid];
+          r_n = row[h0 + gid];
+          x_n = val[h0 + gid];
         }
-        for (long long base = t0; base < t1; base += ng) {
-          const bool active = base + gid < t1;
+        for (long long base = h0; base < h1; base += ng) {
+          const bool active = base + gid < h1;
           const int fa = f_n, r = r_n;
           const float x = x_n;
           const long long inext = base + ng + gid;
-          if (inext < t1) {
+          if (inext < h1) {
             f_n = feat[inext];
             r_n = row[inext];
             x_n = val[inext];
@@ -348,6 +425,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
           const int fnext = __shfl_down_sync(CUWIDE_FULL_MASK, f, G);
           const bool tail = (gidw == ngw - 1) || fnext != f;
           if (active && tail) {
+            if (gl == 0) atomicExch(&touched[f], 1);
             if (MODEL == FM) {
 #pragma unroll
               for (int kk = 0; kk < KPL; ++kk) {
@@ -364,9 +442,9 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
       }
 
       // ---------------- apply, cold tile: one group per feature segment ----------------
-      for (long long base = t1; base < ((skip & 4) ? t1 : t2); base += bd) {
+      for (long long base = c0; base < ((skip & 4) ? c0 : c1); base += bd) {
         const long long i = base + tid;
-        const bool head = i < t2 && (i == t1 || feat[i] != feat[i - 1]);
+        const bool head = i < c1 && (i == c0 || feat[i] != feat[i - 1]);
         const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
         const int wpos = __popc(bal & ((1u << lane) - 1u));
         if (lane == 0) wcount[warp] = __popc(bal);
@@ -404,7 +482,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
             const bool lin = gl == 0 && fit_linear;
             const float w_old = lin ? w[f] : 0.f;
             const float Gw_old = lin ? load_acc<SOLVER>(gw + f) : 0.f;
-            for (long long q = p; q < t2 && feat[q] == f; ++q) {
+            for (long long q = p; q < c1 && feat[q] == f; ++q) {
               const int r = row[q];
               const float x = val[q];
               const float ex = acc[r * RS + NF] * x;
@@ -435,7 +513,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
               w_old[o] = l2w != 0.f ? w[pi] : 0.f;
               G_old[o] = load_acc<SOLVER>(gw + pi);
             }
-            for (long long q = p; q < t2 && feat[q] == f; ++q) {
+            for (long long q = p; q < c1 && feat[q] == f; ++q) {
               const int r = row[q];
               const float x = val[q];
 #pragma unroll
@@ -479,41 +557,50 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(
                                load_acc<SOLVER>(gw + pi));
         }
       }
-      if (fit_intercept && tid < NOUT)
-        update_param<SOLVER>(b + tid, gb + tid, bgrad[tid], lr, eps, 0.f, bscale,
+      if (fit_intercept && tid < NOUT && crank == 0) {
+        // the intercept's gradient: the sum over the cluster's blocks
+        float gsum = bgrad[tid];
+#pragma unroll
+        for (int q = 1; q < CL; ++q) gsum += *cluster_map(&bgrad[tid], (unsigned)q);
+        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, bscale,
                              load_acc<SOLVER>(gb + tid));
+      }
       __syncthreads();
       for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
+      // the worker's next sample block reads the model after every block's
+      // updates (and no block reuses its shared memory while a peer reads it)
+      if (CL > 1) cluster_sync();
       // the next sample block's init only writes acc/hcache/bgrad, none of
       // which is read after the barrier above
     }
   }
+  if (CL > 1) cluster_sync();  // no block leaves while a peer may read its shared memory
   // one double atomic per warp for the loss
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);
   if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
 }
 
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
+__global__ void __launch_bounds__(512, 2) cuwide_train(CUWIDE_TRAIN_PARAMS) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1>(CUWIDE_TRAIN_ARGS);
+}
+
+// CL blocks per worker, as a thread block cluster (the grid a multiple of CL)
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(512, 2)
+    cuwide_train_cluster(CUWIDE_TRAIN_PARAMS) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL>(CUWIDE_TRAIN_ARGS);
+}
+
 #ifdef CUWIDE_NVCC_CHECK
 // explicit instantiations so that `nvcc -DCUWIDE_NVCC_CHECK -c` checks the code
-template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(
-    const int*, const unsigned short*, const float*, long long, const long long*,
-    const long long*, const long long*, const int*, int, int*, const float*, const float*,
-    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, const float*, float, int, double*);
-template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(
-    const int*, const unsigned short*, const float*, long long, const long long*,
-    const long long*, const long long*, const int*, int, int*, const float*, const float*,
-    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, const float*, float, int, double*);
-template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(
-    const int*, const unsigned short*, const float*, long long, const long long*,
-    const long long*, const long long*, const int*, int, int*, const float*, const float*,
-    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, const float*, float, int, double*);
-template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(
-    const int*, const unsigned short*, const float*, long long, const long long*,
-    const long long*, const long long*, const int*, int, int*, const float*, const float*,
-    const float*, float*, float*, float*, float*, float*, float*, int, int, int, float*,
-    float, float, float, float, float, int, int, const float*, float, int, double*);
+template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>(CUWIDE_TRAIN_PARAMS);
 #endif

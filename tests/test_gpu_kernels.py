@@ -66,6 +66,69 @@ def test_epoch_matches_reference(cuda, cfg):
     _compare(loss, out, ref_loss, ref)
 
 
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_cluster_epoch_matches_reference(cuda, cfg, cluster):
+    """One worker of ``cluster`` blocks (a thread block cluster sharing each
+    sample block) keeps the sequential order's result."""
+    rng = np.random.default_rng()
+    X, y, sw, layout, state, params = make_case(rng, cfg)
+    order = rng.permutation(layout.n_batches)
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True,
+                            cluster=cluster)
+    _compare(loss, out, ref_loss, ref)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[2], CONFIGS[4]], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", ["tiny_blocks", "acc_global", "no_hot", "all_hot"])
+def test_cluster_edge_cases_match_reference(cuda, cfg, case):
+    """Clusters of 8 on sample blocks of fewer rows than blocks, with the
+    per-sample accumulators in global memory, without hot features, and on
+    sample blocks whose cold tile is empty."""
+    import scipy.sparse as sp2
+
+    rng = np.random.default_rng()
+    kw, case_kw = {}, {}
+    if case == "tiny_blocks":
+        case_kw = dict(batch_size=16, sample_block=5)
+    elif case == "acc_global":
+        kw = dict(acc_global=True)
+    elif case == "no_hot":
+        case_kw = dict(n_hot_max=0)
+    if case == "all_hot":
+        from sklearn_cuwide._state import ModelState, StepParams
+
+        n = 700
+        X = sp2.csr_matrix(rng.uniform(0.5, 1.5, size=(n, 6)).astype(np.float32))
+        y = rng.integers(0, cfg[2] if cfg[2] > 1 else 2, n).astype(np.float64)
+        sw = rng.uniform(0.5, 2.0, n)
+        params = StepParams(learning_rate=0.1, l2_w=1e-3, l2_v=1e-3, **cfg[1])
+        layout = build_layout(X, batch_size=64, sample_block=30, n_hot_max=6, shuffle=True,
+                              random_state=1)
+        assert (layout.tile_ptr[2::2] == layout.tile_ptr[1::2]).all()
+        state = ModelState.zeros(6, cfg[2], cfg[3], adagrad=True, init_scale=0.1,
+                                 random_state=2)
+    else:
+        X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
+    if case == "no_hot":
+        assert layout.n_hot == 0
+    order = rng.permutation(layout.n_batches)
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True,
+                            cluster=8, **kw)
+    _compare(loss, out, ref_loss, ref)
+
+
+def test_cluster_rejects_other_sizes(cuda):
+    rng = np.random.default_rng(0)
+    X, y, sw, layout, state, params = make_case(rng, CONFIGS[0])
+    with pytest.raises(ValueError, match="cluster must be one of"):
+        _run_gpu(cuda, layout, y, sw, state, params, np.arange(layout.n_batches), cluster=3)
+
+
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
 @pytest.mark.parametrize(
     "switch",
@@ -108,7 +171,7 @@ def test_resident_second_epoch_and_hogwild(cuda):
     X, y, sw, layout, state, params = make_case(rng, cfg, n=20011, d=2003, density=0.005)
     order = rng.permutation(layout.n_batches)
     losses = {}
-    for det in (True, False):
+    for det in (True, False, "cluster"):
         import cupy as cp
 
         ro = layout.row_order
@@ -117,13 +180,16 @@ def test_resident_second_epoch_and_hogwild(cuda):
         args = (cp.asarray(y[ro].astype(np.float32)), cp.asarray(sw[ro].astype(np.float32)),
                 batch_weights(layout, sw[ro]))
         ls = []
+        # "cluster": concurrent workers of 4-block clusters
+        kw = dict(cluster=4, grid=4) if det == "cluster" else dict(deterministic=det)
         for _ in range(3):
-            ls.append(cuda.run_epoch(dl, *args, st, params, order, deterministic=det))
+            ls.append(cuda.run_epoch(dl, *args, st, params, order, **kw))
         assert dl.resident and dl.uploaded
         losses[det] = ls
-    assert np.isfinite(losses[False]).all()
-    assert losses[False][-1] < losses[False][0]
-    np.testing.assert_allclose(losses[False][-1], losses[True][-1], rtol=0.05)
+    for mode in (False, "cluster"):
+        assert np.isfinite(losses[mode]).all()
+        assert losses[mode][-1] < losses[mode][0]
+        np.testing.assert_allclose(losses[mode][-1], losses[True][-1], rtol=0.05)
 
 
 @pytest.mark.parametrize("idx", [np.int32, np.int64])

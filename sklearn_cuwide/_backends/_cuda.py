@@ -329,17 +329,37 @@ def _n_factors(state):
     return 0 if state.V is None else int(state.V.shape[1])
 
 
-def train_kernel(params, n_outputs, n_factors):
+def train_kernel(params, n_outputs, n_factors, cluster=1):
+    """The training kernel; ``cluster > 1``: the variant whose workers are
+    thread block clusters of that many blocks."""
     model = params.model
-    expr = kernel_name(
-        "cuwide_train",
+    args = [
         _MODEL[model],
         1 if model == "fm" else int(n_outputs),
         int(n_factors) if model == "fm" else 0,
         _SOLVER[params.solver],
         _LOSS[params.loss],
-    )
+    ]
+    if cluster > 1:
+        expr = kernel_name("cuwide_train_cluster", *args, int(cluster))
+    else:
+        expr = kernel_name("cuwide_train", *args)
     return get_kernel("cuwide_train.cu", expr)
+
+
+#: thread blocks per worker (a thread block cluster) of each model
+#: (see ``default_cluster``)
+CLUSTER = {"linear": 1, "fm": 4}
+#: cluster sizes the kernel is built for (portable cluster sizes)
+CLUSTER_SIZES = (1, 2, 4, 8)
+
+
+def default_cluster(params):
+    """Thread blocks per worker: the FM trains each sample block with a
+    cluster of blocks (the same sequential semantics per worker in a
+    quarter of the time, so a quarter of the workers fill the GPU: less
+    staleness); LR with one (its Hogwild loses nothing)."""
+    return CLUSTER[params.model]
 
 
 def default_staleness(params):
@@ -369,23 +389,26 @@ def staleness_cap(staleness, n_blocks):
     return float(staleness[3:])
 
 
-def full_grid():
-    """Thread blocks of the training kernel that run at once on the device."""
-    return _props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
+def full_grid(cluster=1):
+    """Workers (thread blocks, or clusters of ``cluster`` blocks) of the
+    training kernel that run at once on the device."""
+    return max(1, _props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM // int(cluster))
 
 
-def default_grid(n_batches):
-    """Blocks an epoch of ``n_batches`` mini-batches runs on when none are
+def default_grid(n_batches, cluster=1):
+    """Workers an epoch of ``n_batches`` mini-batches runs on when none are
     asked for: the full grid, but at least MIN_BATCHES_PER_BLOCK mini-batches
-    per block (small data runs on fewer blocks, with less staleness)."""
-    return _concurrency.grid_for(n_batches, full_grid())
+    per worker (small data runs on fewer, with less staleness)."""
+    return _concurrency.grid_for(n_batches, full_grid(cluster))
 
 
-def concurrent_blocks(concurrency, params, n_batches):
-    """Thread blocks for the estimators' ``concurrency`` ("auto", "max" or
-    an int): see :mod:`sklearn_cuwide._backends._concurrency`."""
+def concurrent_blocks(concurrency, params, n_batches, cluster=None):
+    """Workers for the estimators' ``concurrency`` ("auto", "max" or an
+    int): see :mod:`sklearn_cuwide._backends._concurrency`.  A worker is
+    ``cluster`` thread blocks (default: :func:`default_cluster`)."""
+    cl = default_cluster(params) if cluster is None else int(cluster)
     return _concurrency.blocks(concurrency, params.model, params.solver, n_batches,
-                               full_grid())
+                               full_grid(cl))
 
 
 def default_ramp(params):
@@ -409,6 +432,7 @@ def run_epoch(
     staleness="auto",
     ramp=0,
     skip=0,
+    cluster=None,
 ):
     """One pass over the mini-batches with the flow-based kernel.
 
@@ -428,13 +452,20 @@ def run_epoch(
     the ablation switches (replicas of the hot accumulators; per-sample
     accumulators in global memory instead of shared memory); ``skip`` is a
     profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
+    ``cluster``: thread blocks per worker (1, 2, 4 or 8; default
+    :func:`default_cluster`); ``grid`` counts workers, and a worker trains
+    its mini-batches in order, so ``deterministic`` (one worker) keeps the
+    sequential semantics with any cluster.
     Returns the sum of ``sample_weight * loss`` (a float; one sync).
     """
     D = state.n_outputs
     k = _n_factors(state)
     if staleness == "auto":
         staleness = default_staleness(params)
-    kern = train_kernel(params, D, k)
+    cl = default_cluster(params) if cluster is None else int(cluster)
+    if cl not in CLUSTER_SIZES:
+        raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {cluster!r}")
+    kern = train_kernel(params, D, k, cl)
     rs = _tiles.row_stride(params, D, k)
     hw = _tiles.hot_width(params, D, k)
     rep = _tiles.replicas(params, D, k) if n_rep is None else int(n_rep)
@@ -445,10 +476,10 @@ def run_epoch(
     if grid is None:
         # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
         # (_concurrency) is trained strictly in order
-        grid = 1 if deterministic else default_grid(dl.n_batches)
+        grid = 1 if deterministic else default_grid(dl.n_batches, cl)
     bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
-    acc_buf = cp.empty(grid * sb * rs, dtype=cp.float32) if acc_global else None
+    acc_buf = cp.empty(grid * cl * sb * rs, dtype=cp.float32) if acc_global else None
     null = _NULL
     V = state.V if state.V is not None else null
     gV = state.gV if state.gV is not None else null
@@ -484,7 +515,7 @@ def run_epoch(
             fscale, bscale = null, 1.0
         feat, row, val = arrays
         kern(
-            (g,),
+            (g * cl,),
             (_tiles.THREADS,),
             (
                 feat, row, val, np.int64(base),

@@ -12,6 +12,9 @@ THREADS = 512
 BLOCKS_PER_SM = 2
 #: shared memory the driver reserves per block
 DRIVER_RESERVED = 1024
+#: the kernel's static shared memory (the work item, the cluster's split
+#: points; 48 bytes with clusters), rounded up
+STATIC_SMEM = 64
 #: most hot features a thread block caches
 MAX_HOT = 16384
 
@@ -45,12 +48,12 @@ def smem_bytes(sample_block, n_hot, rs, hw, n_rep, n_outputs, acc_in_smem=True):
     """Dynamic shared memory of one training block (see cuwide_train.cu)."""
     n = 4 * ((sample_block * rs if acc_in_smem else 0) + n_hot * hw * (1 + n_rep))
     n += 4 * (THREADS + 33) + 4 * int(n_outputs) + 4 * int(n_hot)
-    return (n + 15) // 16 * 16
+    return n
 
 
 def block_budget(shared_per_sm):
     """Shared memory one of the BLOCKS_PER_SM blocks of an SM may use."""
-    return int(shared_per_sm) // BLOCKS_PER_SM - DRIVER_RESERVED
+    return int(shared_per_sm) // BLOCKS_PER_SM - DRIVER_RESERVED - STATIC_SMEM
 
 
 def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):

@@ -1,0 +1,89 @@
+"""Thread block clusters as workers of the FM's training kernel: epoch time
+and test AUC against the cluster size, on the suite's FM task.
+
+    PYTHONPATH=. python benchmarks/explore_cluster.py [--clusters 1,2,4,8]
+        [--concurrency max,auto] [--torch] [--lr-rows 4000000] [--out DIR]
+
+A worker of the CUDA training kernel is ``cluster`` thread blocks that train
+one sample block together (``cuda/cuwide_train.cu``): the same sequential
+semantics per worker, in about 1/cluster of the time, so that 1/cluster of
+the workers fill the GPU and the Hogwild staleness shrinks by that factor.
+The task is the suite's (``run_all.py``): 4M Criteo-like rows x 2^22
+features, 400k test rows, FM k=16 with Adagrad lr 0.05, alpha/beta
+1e-7/1e-6, batch 1024, 3 epochs; ``--torch`` adds the PyTorch FM of the same
+task (the suite's baseline) for the AUC it has to beat.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import run_all as ra  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clusters", default="1,2,4,8")
+    ap.add_argument("--concurrency", default="max,auto")
+    ap.add_argument("--rows", type=int, default=4_000_000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--lr-too", action="store_true", help="also LR adagrad per cluster")
+    ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args = ra.parse_args(["--gpu", "--parts", "systems", "--budget-s", "100000"])
+    cfg = ra.make_config(args)
+    ctx = ra.Ctx(True, cfg, args)
+    pool = ra.DataPool(cfg["test_rows"])
+    pool.plan("binary", 22, a.rows, test=True)
+    t0 = time.perf_counter()
+    data = pool.get("binary", 22, a.rows, test=True)
+    print(f"data {data.name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    fa, fb = cfg["fm_l2"]
+    rows = []
+
+    def show(tag, r):
+        aucs = [c.get("test_auc") for c in r["curve"]]
+        print(f"{tag:28s} epoch {r['epoch_ms']:9.3f} ms  first {r['first_epoch_ms']:9.1f} ms  "
+              f"workers {r.get('blocks', '-')}  AUC/epoch "
+              + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
+        rows.append(dict(tag=tag, epoch_ms=r["epoch_ms"], epoch_ms_list=r["epoch_ms_list"],
+                         first_epoch_ms=r["first_epoch_ms"], workers=r.get("blocks"),
+                         cluster=r.get("cluster"), concurrency=r.get("concurrency"),
+                         curve=r["curve"], test_auc=r.get("test_auc"),
+                         test_logloss=r.get("test_logloss")))
+
+    for cl in [int(c) for c in a.clusters.split(",")]:
+        for conc in a.concurrency.split(","):
+            conc = conc if conc in ("max", "auto") else int(conc)
+            try:
+                r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs,
+                                  concurrency=conc, opts={"cluster": cl})
+                show(f"FM16 cluster={cl} conc={conc}", r)
+            except Exception as exc:  # keep going: the other sizes still tell
+                print(f"FM16 cluster={cl} conc={conc}: ERROR {ra._err(exc)}", flush=True)
+        if a.lr_too:
+            try:
+                r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
+                                  epochs=a.epochs, concurrency="auto", opts={"cluster": cl})
+                show(f"LR cluster={cl} conc=auto", r)
+            except Exception as exc:
+                print(f"LR cluster={cl}: ERROR {ra._err(exc)}", flush=True)
+    if a.torch:
+        r = ra.run_torch(ctx, data, k=16, epochs=a.epochs)
+        aucs = [c.get("test_auc") for c in r.get("curve", [])]
+        print(f"{'PyTorch FM16':28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
+              + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
+        rows.append(dict(tag="torch_fm16", epoch_ms=r.get("epoch_ms"),
+                         test_auc=r.get("test_auc"), curve=r.get("curve")))
+    (out / "explore_cluster.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
