@@ -33,6 +33,8 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--lr-too", action="store_true", help="also LR adagrad per cluster")
+    ap.add_argument("--lr-grids", default="",
+                    help="LR adagrad (cluster 1) with these many blocks, e.g. 244,264")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -75,6 +77,13 @@ def main(argv=None):
                 show(f"LR cluster={cl} conc=auto", r)
             except Exception as exc:
                 print(f"LR cluster={cl}: ERROR {ra._err(exc)}", flush=True)
+    for grid in [int(g) for g in a.lr_grids.split(",") if g]:
+        try:
+            r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
+                              epochs=a.epochs + 2, opts={"grid": grid})
+            show(f"LR grid={grid}", r)
+        except Exception as exc:
+            print(f"LR grid={grid}: ERROR {ra._err(exc)}", flush=True)
     if a.torch:
         r = ra.run_torch(ctx, data, k=16, epochs=a.epochs)
         aucs = [c.get("test_auc") for c in r.get("curve", [])]
