@@ -46,7 +46,7 @@ def main(argv=None):
     pool.plan("binary", 22, a.rows, test=True)
     t0 = time.perf_counter()
     data = pool.get("binary", 22, a.rows, test=True)
-    print(f"data {data.name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"data {data.key}: {time.perf_counter() - t0:.1f} s", flush=True)
     fa, fb = cfg["fm_l2"]
     rows = []
 
