@@ -33,6 +33,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--lr-too", action="store_true", help="also LR adagrad per cluster")
+    ap.add_argument("--fm-runs", default="",
+                    help="FM16 runs as cluster:workers:staleness, comma separated "
+                         "(staleness: cap-auto, capC, sqrt, none)")
     ap.add_argument("--lr-grids", default="",
                     help="LR adagrad (cluster 1) with these many blocks, e.g. 244,264")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
@@ -77,6 +80,16 @@ def main(argv=None):
                 show(f"LR cluster={cl} conc=auto", r)
             except Exception as exc:
                 print(f"LR cluster={cl}: ERROR {ra._err(exc)}", flush=True)
+    for spec in [x for x in a.fm_runs.split(",") if x]:
+        parts = spec.split(":")
+        cl, grid, stale = int(parts[0]), int(parts[1]), parts[2]
+        opts = {"cluster": cl, "grid": grid,
+                "staleness": False if stale == "none" else stale}
+        try:
+            r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs, opts=opts)
+            show(f"FM16 {spec}", r)
+        except Exception as exc:
+            print(f"FM16 {spec}: ERROR {ra._err(exc)}", flush=True)
     for grid in [int(g) for g in a.lr_grids.split(",") if g]:
         try:
             r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
