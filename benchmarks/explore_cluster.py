@@ -64,7 +64,7 @@ def main(argv=None):
                          curve=r["curve"], test_auc=r.get("test_auc"),
                          test_logloss=r.get("test_logloss")))
 
-    for cl in [int(c) for c in a.clusters.split(",")]:
+    for cl in [int(c) for c in a.clusters.split(",") if c]:
         for conc in a.concurrency.split(","):
             conc = conc if conc in ("max", "auto") else int(conc)
             try:
