@@ -34,8 +34,9 @@ def main(argv=None):
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--lr-too", action="store_true", help="also LR adagrad per cluster")
     ap.add_argument("--fm-runs", default="",
-                    help="FM16 runs as cluster:workers:staleness, comma separated "
-                         "(staleness: cap-auto, capC, sqrt, none)")
+                    help="FM16 runs as cluster:workers:staleness[:g], comma separated "
+                         "(staleness: cap-auto, capC, sqrt, none; g: per-sample "
+                         "accumulators in global memory)")
     ap.add_argument("--lr-grids", default="",
                     help="LR adagrad (cluster 1) with these many blocks, e.g. 244,264")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
@@ -85,6 +86,8 @@ def main(argv=None):
         cl, grid, stale = int(parts[0]), int(parts[1]), parts[2]
         opts = {"cluster": cl, "grid": grid,
                 "staleness": False if stale == "none" else stale}
+        if len(parts) > 3 and parts[3] == "g":
+            opts["acc_global"] = True
         try:
             r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs, opts=opts)
             show(f"FM16 {spec}", r)
