@@ -745,11 +745,12 @@ def run_kernel(ctx, data, *, k, solver="adagrad", loss="logistic", lr=LEARNING_R
            "layout_bytes": int(L.nbytes), "learning_rate": lr}
     opts = dict(opts or {})
     if ctx.gpu and concurrency is not None:
-        opts["grid"] = be.concurrent_blocks(concurrency, params, L.n_batches,
-                                            cluster=opts.get("cluster"))
+        opts["grid"] = be.concurrent_blocks(concurrency, params, L.n_batches)
         rec.update(concurrency=concurrency, blocks=int(opts["grid"]))
-    if ctx.gpu and hasattr(be, "default_cluster"):
-        rec["cluster"] = int(opts.get("cluster") or be.default_cluster(params))
+    if ctx.gpu and hasattr(be, "cluster_for"):
+        # thread blocks per worker (a thread block cluster when > 1)
+        g = opts.get("grid") or be.default_grid(L.n_batches)
+        rec["cluster"] = int(opts.get("cluster") or be.cluster_for(g))
     if upload is None:
         t_put, dl = ctx.timed(lambda: be.put_layout(L))
         box = {"dl": dl}
@@ -1328,22 +1329,21 @@ def part_ablation(ctx, pool):
     return out
 
 
-def concurrent_blocks(ctx, n_rows, fm=False):
-    """Workers (thread blocks, or the FM's clusters of blocks) an epoch of
-    ``n_rows`` runs on, and the full grid of them (the CUDA backend gives
-    each worker at least MIN_BATCHES_PER_BLOCK mini-batches, so small data
-    runs on fewer); (1, 1) on the CPU."""
+def concurrent_blocks(ctx, n_rows):
+    """Workers an epoch of ``n_rows`` runs on by default, and the full grid
+    (the CUDA backend gives each worker at least MIN_BATCHES_PER_BLOCK
+    mini-batches, so small data runs on fewer, each a cluster of blocks
+    when few); (1, 1) on the CPU."""
     if not ctx.device.startswith("cuda"):
         return 1, 1
     from sklearn_cuwide._backends import _cuda
 
-    cl = _cuda.CLUSTER["fm" if fm else "linear"]
-    return _cuda.default_grid(-(-n_rows // BATCH), cl), _cuda.full_grid(cl)
+    return _cuda.default_grid(-(-n_rows // BATCH)), _cuda.full_grid()
 
 
 def scaling_point(ctx, data, k, epochs):
     r = run_kernel(ctx, data, k=k, l2_w=1e-7, l2_v=1e-6, epochs=epochs + 1, evaluate=False)
-    blocks, full = concurrent_blocks(ctx, data.n, fm=bool(k))
+    blocks, full = concurrent_blocks(ctx, data.n)
     return {"epoch_ms": r["epoch_ms"], "epoch_ms_list": r["epoch_ms_list"],
             "first_epoch_ms": r["first_epoch_ms"], "layout_s": r["layout_s"],
             "nnz": int(data.X.nnz), "csr_bytes": csr_bytes(data.X), "n_hot": r["n_hot"],

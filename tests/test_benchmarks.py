@@ -263,7 +263,7 @@ _cpu.run_epoch = spy
 _cpu.default_ramp = lambda params: 8
 # the CUDA backend's resolution of ``concurrency``, with an H200's full grid
 from sklearn_cuwide._backends import _concurrency
-_cpu.concurrent_blocks = lambda conc, params, n, cluster=None: _concurrency.blocks(
+_cpu.concurrent_blocks = lambda conc, params, n: _concurrency.blocks(
     conc, params.model, params.solver, n, 264)
 backends.get_backend = lambda dev: _cpu
 device.resolve_device = lambda dev, X=None: "cpu"

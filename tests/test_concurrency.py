@@ -72,3 +72,14 @@ def test_cpu_runs_in_order_whatever_the_concurrency(Est, kw):
             for c in ("auto", "max", 1, 7)]
     for f in fits[1:]:
         np.testing.assert_array_equal(f.coef_, fits[0].coef_)
+
+
+@pytest.mark.parametrize("workers, expected", [
+    (1, 8), (4, 8), (33, 8), (34, 4), (66, 4), (67, 2), (132, 2), (133, 1), (244, 1),
+    (264, 1), (500, 1),
+])
+def test_cluster_for_fills_the_device_with_the_fewest_workers(workers, expected):
+    # an H200: 132 SMs x 2 blocks
+    cl = cc.cluster_for(workers, 264)
+    assert cl == expected
+    assert workers * cl <= 264 or cl == 1

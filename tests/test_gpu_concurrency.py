@@ -87,3 +87,29 @@ def test_one_block_is_the_cpu_order(est):
     # the atomic additions inside the block) differs
     assert np.corrcoef(d_cpu, d_gpu)[0, 1] > 0.999
     assert abs(roc_auc_score(yte, d_cpu) - roc_auc_score(yte, d_gpu)) < 1e-3
+
+
+@pytest.mark.parametrize("concurrency", ["auto", 1, "max"])
+def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
+    """Each worker gets the largest cluster with which all still fit on the
+    device (``_concurrency.cluster_for``), in the warm-up stages too."""
+    from sklearn_cuwide._backends import _cuda
+
+    seen = []
+    real = _cuda.train_kernel
+
+    def spy(params, n_outputs, n_factors, cluster=1):
+        seen.append(cluster)
+        return real(params, n_outputs, n_factors, cluster)
+
+    monkeypatch.setattr(_cuda, "train_kernel", spy)
+    X, y, Xte, yte = _ctr(20000, 2**12, n_fields=6, n_numeric=2)
+    est = GPUFactorizationMachine(n_factors=4, device="cuda", batch_size=64, max_iter=2,
+                                  concurrency=concurrency, random_state=0).fit(X, y)
+    workers = {"auto": 4, 1: 1, "max": _cuda.default_grid(-(-20000 // 64))}[concurrency]
+    assert seen and seen[-1] == _cuda.cluster_for(workers)
+    assert all(workers * c <= _cuda.full_grid() for c in seen)
+    cpu = GPUFactorizationMachine(n_factors=4, device="cpu", batch_size=64, max_iter=2,
+                                  random_state=0).fit(X, y)
+    assert roc_auc_score(yte, est.decision_function(Xte)) > \
+        roc_auc_score(yte, cpu.decision_function(Xte)) - 0.01

@@ -69,3 +69,24 @@ def blocks(concurrency, model, solver, n_batches, full_grid):
         "concurrency must be 'auto', 'max' or an int >= 1, got "
         f"{concurrency!r}"
     )
+
+
+def cluster_for(workers, slots, sizes=(1, 2, 4, 8)):
+    """Thread blocks per worker for ``workers`` concurrent workers on a
+    device that runs ``slots`` blocks at once: the largest size in
+    ``sizes`` with which every worker still runs at once.
+
+    A worker trains its mini-batches in order whatever its size; a thread
+    block cluster of CL blocks trains each sample block in about 1/CL of one
+    block's time (the FM's epoch on 4 workers: 1.32 s with one block each,
+    0.24 s with clusters of 8, the same AUC; ``benchmarks/results/
+    2026-11-30_s4_cluster/``).  So few workers (little staleness) still use
+    the GPU, while the full grid (``"max"``) runs plain blocks, whose
+    throughput is the highest: every cluster barrier waits for the
+    cluster's slowest block (FM k=16, 4M rows, every block busy: 28.4 /
+    29.6 / 33.1 / 36.9 ms per epoch with clusters of 1 / 2 / 4 / 8).
+    """
+    for cl in sorted(sizes, reverse=True):
+        if int(workers) * int(cl) <= int(slots):
+            return int(cl)
+    return 1

@@ -347,68 +347,36 @@ def train_kernel(params, n_outputs, n_factors, cluster=1):
     return get_kernel("cuwide_train.cu", expr)
 
 
-#: thread blocks per worker (a thread block cluster) of each model
-#: (see ``default_cluster``)
-CLUSTER = {"linear": 1, "fm": 4}
-#: cluster sizes the kernel is built for (portable cluster sizes)
+#: thread blocks per worker the kernel is built for (1: plain blocks;
+#: 2, 4, 8: thread block clusters, the portable sizes)
 CLUSTER_SIZES = (1, 2, 4, 8)
 
 
-def default_cluster(params):
-    """Thread blocks per worker: the FM trains each sample block with a
-    cluster of blocks (the same sequential semantics per worker in a
-    quarter of the time, so a quarter of the workers fill the GPU: less
-    staleness); LR with one (its Hogwild loses nothing)."""
-    return CLUSTER[params.model]
+def cluster_for(workers):
+    """Thread blocks per worker for ``workers`` concurrent workers on this
+    device (:func:`sklearn_cuwide._backends._concurrency.cluster_for`)."""
+    return _concurrency.cluster_for(workers, full_grid(), CLUSTER_SIZES)
 
 
-def default_staleness(params):
-    """Step scaling under concurrency, as measured on an H200
-    (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
-    nothing for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs
-    its concurrent steps divided by sqrt(#updaters); the FM's hot factors
-    take undamped steps from up to C = max(4, P / 11) expected concurrent
-    updaters and steps scaled by C / updaters beyond (``"cap-auto"``)."""
-    if params.model == "fm":
-        return "cap-auto"
-    return "sqrt" if params.solver == "sgd" else False
+def full_grid():
+    """Thread blocks of the training kernel that run at once on the device
+    (the most workers)."""
+    return _props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM
 
 
-def staleness_cap(staleness, n_blocks):
-    """C of a ``"capC"`` / ``"cap-auto"`` policy for ``n_blocks`` in flight
-    (None for the other policies).
-
-    ``"cap-auto"``: C = max(4, P / 11), the best of the caps measured on
-    Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24).
-    ``run_epoch`` takes P from its full grid, also in the warm-up stages.
-    """
-    if not (isinstance(staleness, str) and staleness.startswith("cap")):
-        return None
-    if staleness == "cap-auto":
-        return max(4.0, n_blocks / 11.0)
-    return float(staleness[3:])
-
-
-def full_grid(cluster=1):
-    """Workers (thread blocks, or clusters of ``cluster`` blocks) of the
-    training kernel that run at once on the device."""
-    return max(1, _props()["multiProcessorCount"] * _tiles.BLOCKS_PER_SM // int(cluster))
-
-
-def default_grid(n_batches, cluster=1):
+def default_grid(n_batches):
     """Workers an epoch of ``n_batches`` mini-batches runs on when none are
     asked for: the full grid, but at least MIN_BATCHES_PER_BLOCK mini-batches
     per worker (small data runs on fewer, with less staleness)."""
-    return _concurrency.grid_for(n_batches, full_grid(cluster))
+    return _concurrency.grid_for(n_batches, full_grid())
 
 
-def concurrent_blocks(concurrency, params, n_batches, cluster=None):
-    """Workers for the estimators' ``concurrency`` ("auto", "max" or an
-    int): see :mod:`sklearn_cuwide._backends._concurrency`.  A worker is
-    ``cluster`` thread blocks (default: :func:`default_cluster`)."""
-    cl = default_cluster(params) if cluster is None else int(cluster)
+def concurrent_blocks(concurrency, params, n_batches):
+    """Workers (concurrent mini-batches) for the estimators' ``concurrency``
+    ("auto", "max" or an int): see :mod:`sklearn_cuwide._backends._concurrency`;
+    each worker gets :func:`cluster_for` blocks."""
     return _concurrency.blocks(concurrency, params.model, params.solver, n_batches,
-                               full_grid(cl))
+                               full_grid())
 
 
 def default_ramp(params):
@@ -452,34 +420,49 @@ def run_epoch(
     the ablation switches (replicas of the hot accumulators; per-sample
     accumulators in global memory instead of shared memory); ``skip`` is a
     profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
-    ``cluster``: thread blocks per worker (1, 2, 4 or 8; default
-    :func:`default_cluster`); ``grid`` counts workers, and a worker trains
-    its mini-batches in order, so ``deterministic`` (one worker) keeps the
-    sequential semantics with any cluster.
+    ``grid`` counts workers (concurrent mini-batches); ``cluster`` is the
+    thread blocks per worker (1, 2, 4 or 8; default :func:`cluster_for`
+    the workers, 1 with ``deterministic``).  A worker trains its
+    mini-batches in order, so one worker keeps the sequential semantics
+    with any cluster.
     Returns the sum of ``sample_weight * loss`` (a float; one sync).
     """
     D = state.n_outputs
     k = _n_factors(state)
     if staleness == "auto":
         staleness = default_staleness(params)
-    cl = default_cluster(params) if cluster is None else int(cluster)
-    if cl not in CLUSTER_SIZES:
+    if cluster is not None and int(cluster) not in CLUSTER_SIZES:
         raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {cluster!r}")
-    kern = train_kernel(params, D, k, cl)
+
+    def cluster_of(g):
+        if cluster is not None:
+            return int(cluster)
+        return 1 if deterministic else cluster_for(g)
+
     rs = _tiles.row_stride(params, D, k)
     hw = _tiles.hot_width(params, D, k)
     rep = _tiles.replicas(params, D, k) if n_rep is None else int(n_rep)
     sb = dl.sample_block
     smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
-    if smem > kern.max_dynamic_shared_size_bytes:
-        kern.max_dynamic_shared_size_bytes = smem
+
+    def kernel_of(cl):
+        kern = train_kernel(params, D, k, cl)
+        if smem > kern.max_dynamic_shared_size_bytes:
+            kern.max_dynamic_shared_size_bytes = smem
+        return kern
+
     if grid is None:
         # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
         # (_concurrency) is trained strictly in order
-        grid = 1 if deterministic else default_grid(dl.n_batches, cl)
+        grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
     loss = cp.zeros(1, dtype=cp.float64)
-    acc_buf = cp.empty(grid * cl * sb * rs, dtype=cp.float32) if acc_global else None
+    acc_buf = None
+    if acc_global:
+        # one slice per block of any launch below: cluster_for keeps a
+        # launch within the device's slots, an explicit cluster within grid's
+        most = max(full_grid(), grid * cluster_of(grid))
+        acc_buf = cp.empty(most * sb * rs, dtype=cp.float32)
     null = _NULL
     V = state.V if state.V is not None else null
     gV = state.gV if state.gV is not None else null
@@ -514,7 +497,8 @@ def run_epoch(
         else:
             fscale, bscale = null, 1.0
         feat, row, val = arrays
-        kern(
+        cl = cluster_of(g)
+        kernel_of(cl)(
             (g * cl,),
             (_tiles.THREADS,),
             (
