@@ -358,6 +358,33 @@ def cluster_for(workers):
     return _concurrency.cluster_for(workers, full_grid(), CLUSTER_SIZES)
 
 
+def default_staleness(params):
+    """Step scaling under concurrency, as measured on an H200
+    (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
+    nothing for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs
+    its concurrent steps divided by sqrt(#updaters); the FM's hot factors
+    take undamped steps from up to C = max(4, P / 11) expected concurrent
+    updaters and steps scaled by C / updaters beyond (``"cap-auto"``)."""
+    if params.model == "fm":
+        return "cap-auto"
+    return "sqrt" if params.solver == "sgd" else False
+
+
+def staleness_cap(staleness, n_blocks):
+    """C of a ``"capC"`` / ``"cap-auto"`` policy for ``n_blocks`` in flight
+    (None for the other policies).
+
+    ``"cap-auto"``: C = max(4, P / 11), the best of the caps measured on
+    Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24).
+    ``run_epoch`` takes P from its full grid, also in the warm-up stages.
+    """
+    if not (isinstance(staleness, str) and staleness.startswith("cap")):
+        return None
+    if staleness == "cap-auto":
+        return max(4.0, n_blocks / 11.0)
+    return float(staleness[3:])
+
+
 def full_grid():
     """Thread blocks of the training kernel that run at once on the device
     (the most workers)."""
