@@ -1417,6 +1417,24 @@ def part_scaling(ctx, pool, floors):
 # --------------------------------------------------------------------------
 # finishing: scikit-learn results, targets, ratios
 # --------------------------------------------------------------------------
+def derive_rates(entry):
+    """Samples per second, time per million rows, the floor's and ours'
+    ratios of a dataset's systems, from their epoch times."""
+    systems, info = entry["systems"], entry["info"]
+    for r in systems.values():
+        if r.get("epoch_ms") and r.get("rows"):
+            r["samples_per_s"] = r["rows"] / (r["epoch_ms"] / 1e3)
+            r["ms_per_mrow"] = r["epoch_ms"] / r["rows"] * 1e6
+            if info.get("floor_ms") and r["rows"] == info["rows"]:
+                r["x_floor"] = r["epoch_ms"] / info["floor_ms"]
+    refs = {"LR": systems.get("ours_lr_adagrad"), "FM": systems.get("ours_fm") or
+            systems.get("ours_fm_reg")}
+    for r in systems.values():
+        ref = refs.get(r.get("family"))
+        if ref and ref.get("ms_per_mrow") and r.get("ms_per_mrow"):
+            r["x_ours"] = r["ms_per_mrow"] / ref["ms_per_mrow"]
+
+
 def finish_dataset(ctx, entry, jobs):
     systems = entry["systems"]
     for sid, handle in entry.pop("pending", {}).items():
@@ -1425,7 +1443,6 @@ def finish_dataset(ctx, entry, jobs):
         rec.update(label=label, family=family)
         systems[sid] = rec
         log("  " + one_line(label, rec))
-    info = entry["info"]
     # target logloss: scikit-learn's LogisticRegression (else our lbfgs), + 1%
     target, by = None, None
     for sid in ("sk_lr", "est_lr_lbfgs"):
@@ -1438,17 +1455,7 @@ def finish_dataset(ctx, entry, jobs):
     for r in systems.values():
         if "curve" in r and target is not None:
             r["time_to_target_s"] = time_to_target(r["curve"], target)
-        if r.get("epoch_ms") and r.get("rows"):
-            r["samples_per_s"] = r["rows"] / (r["epoch_ms"] / 1e3)
-            r["ms_per_mrow"] = r["epoch_ms"] / r["rows"] * 1e6
-            if info.get("floor_ms") and r["rows"] == info["rows"]:
-                r["x_floor"] = r["epoch_ms"] / info["floor_ms"]
-    refs = {"LR": systems.get("ours_lr_adagrad"), "FM": systems.get("ours_fm") or
-            systems.get("ours_fm_reg")}
-    for r in systems.values():
-        ref = refs.get(r.get("family"))
-        if ref and ref.get("ms_per_mrow") and r.get("ms_per_mrow"):
-            r["x_ours"] = r["ms_per_mrow"] / ref["ms_per_mrow"]
+    derive_rates(entry)
     # lbfgs: scikit-learn against ours on the same rows
     sk, ours = systems.get("sk_lr", {}), systems.get("est_lr_lbfgs", {})
     if sk.get("fit_s") and ours.get("fit_s") and sk.get("rows") == ours.get("rows"):
