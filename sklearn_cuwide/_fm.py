@@ -88,14 +88,15 @@ _FM_PARAMS_DOC = """
         Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
         ``"cuda"`` without a usable GPU raises.
     concurrency : "auto", "max" or int, default="auto"
-        Mini-batches trained at once on the GPU (thread blocks updating the
-        model without locks, Hogwild).  ``"auto"``: as many as converge as
-        well as the sequential order, as measured (4 with ``"adagrad"``, 1
-        with ``"sgd"``); ``"max"``: every thread block the device runs at
-        once, tens of times faster on millions of rows, at some cost in
-        accuracy that depends on the data; an int ``P``: at most ``P``, and
-        ``1`` applies the mini-batches strictly in order as the CPU does.
-        The CPU always runs in order.  See :ref:`reproducibility`.
+        Mini-batches trained at once on the GPU (workers updating the model
+        without locks, Hogwild; few workers are clusters of up to 8 thread
+        blocks each).  ``"auto"``: as many as converge as well as the
+        sequential order, as measured (4 with ``"adagrad"``, 1 with
+        ``"sgd"``); ``"max"``: every thread block the device runs at once,
+        several times faster on millions of rows, at some cost in accuracy
+        that depends on the data; an int ``P``: at most ``P``, and ``1``
+        applies the mini-batches strictly in order as the CPU does.  The CPU
+        always runs in order.  See :ref:`reproducibility`.
     verbose : int, default=0
         Above 0, print one line per epoch: loss, validation loss, samples per
         second.

@@ -146,8 +146,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
         ``"cuda"`` without a usable GPU raises.
     concurrency : "auto", "max" or int, default="auto"
-        Mini-batches trained at once on the GPU (thread blocks updating the
-        model without locks, Hogwild).  ``"auto"``: as many as converge as
+        Mini-batches trained at once on the GPU (workers updating the model
+        without locks, Hogwild; few workers are clusters of up to 8 thread
+        blocks each).  ``"auto"``: as many as converge as
         well as the sequential order for this solver, as measured (the full
         grid for ``"adagrad"``, 1 for ``"sgd"``); ``"max"``: every thread
         block the device runs at once (fastest; ``"sgd"`` then loses

@@ -1,10 +1,11 @@
 """How many mini-batches the GPU trains at once (the ``concurrency``
 parameter of the mini-batch estimators).
 
-The CUDA training kernel runs ``P`` thread blocks, each taking mini-batches
-from a shared counter and updating the model without locks (Hogwild).  With
-``P = 1`` one block applies the mini-batches strictly in order: the CPU
-backend's semantics.  Larger ``P`` is faster, but a block reads weights the
+The CUDA training kernel runs ``P`` workers, each taking mini-batches from a
+shared counter and updating the model without locks (Hogwild); a worker is
+one thread block or a thread block cluster (:func:`cluster_for`).  With
+``P = 1`` one worker applies the mini-batches strictly in order: the CPU
+backend's semantics.  Larger ``P`` is faster, but a worker reads weights the
 others are about to change, and whether the fit still converges as well as
 the sequential order depends on the model and the solver.  Measured on an
 H200 (``benchmarks/results/2026-11-30_s3_grid/``; Criteo-like data with
@@ -13,8 +14,8 @@ H200 (``benchmarks/results/2026-11-30_s3_grid/``; Criteo-like data with
 * LR with adagrad: at most 0.0012 lost up to the full grid -> ``"auto"``
   runs the full grid;
 * FM with adagrad: at most 0.0001 at P <= 4, 0.0016-0.0073 at P = 8, up to
-  0.031 with the full grid -> 4 blocks;
-* LR with sgd: 0.0008-0.0026 lost already at P = 2 -> 1 block (in order);
+  0.031 with the full grid -> 4 workers;
+* LR with sgd: 0.0008-0.0026 lost already at P = 2 -> 1 worker (in order);
   the FM with sgd (not measured) gets the same rule.
 
 Pure functions of plain values (no cupy): the CUDA backend passes its full
@@ -23,10 +24,10 @@ grid in, and the CPU tests check the rule.
 
 from numbers import Integral
 
-#: fewest mini-batches per thread block and epoch before more blocks are used
+#: fewest mini-batches per worker and epoch before more workers are used
 MIN_BATCHES_PER_BLOCK = 16
 
-#: most blocks ``concurrency="auto"`` runs, per (model, solver); None: the
+#: most workers ``concurrency="auto"`` runs, per (model, solver); None: the
 #: full grid
 AUTO_BLOCKS = {
     ("linear", "adagrad"): None,
@@ -37,20 +38,20 @@ AUTO_BLOCKS = {
 
 
 def grid_for(n_batches, full_grid):
-    """The most blocks an epoch of ``n_batches`` mini-batches runs on: the
-    full grid, but at least MIN_BATCHES_PER_BLOCK mini-batches per block
-    (small data runs on fewer blocks)."""
+    """The most workers an epoch of ``n_batches`` mini-batches runs on: the
+    full grid (one block each), but at least MIN_BATCHES_PER_BLOCK
+    mini-batches per worker (small data runs on fewer workers)."""
     return max(1, min(int(full_grid), int(n_batches) // MIN_BATCHES_PER_BLOCK))
 
 
 def auto_blocks(model, solver):
-    """Most blocks ``"auto"`` runs for ``model`` ("linear"/"fm") and
+    """Most workers ``"auto"`` runs for ``model`` ("linear"/"fm") and
     ``solver`` ("sgd"/"adagrad"); None for the full grid."""
     return AUTO_BLOCKS[model, solver]
 
 
 def blocks(concurrency, model, solver, n_batches, full_grid):
-    """Thread blocks of an epoch for the estimators' ``concurrency``.
+    """Workers of an epoch for the estimators' ``concurrency``.
 
     ``"auto"``: the most that converges as well as the sequential order
     (:data:`AUTO_BLOCKS`); ``"max"``: every block the device runs at once;
