@@ -6,7 +6,7 @@ different calls.  Later runs replace the parts they ran; each run's header
 are rewritten.
 
     PYTHONPATH=. python benchmarks/merge_results.py OUT_DIR RUN1/results.json RUN2/results.json \
-        [--commit RUN2=abc1234 ...] [--drop-epoch SYSTEM=K:WHY ...]
+        [--commit RUN2=abc1234 ...] [--drop-epoch SYSTEM=K:WHY ...] [--add-points]
 
 ``--drop-epoch``: a system's epoch time is recomputed without its epoch K
 (1-based; the median of the other epochs after the first), for an epoch a
@@ -34,23 +34,38 @@ PART_KEYS = {
 }
 
 
-def _merge_scaling(old, new):
+def _merge_scaling(old, new, add_points=False, run=None):
     """A later run's scaling part replaces the sweeps it ran (rows, features,
-    factors) and keeps the earlier run's others (``--scale-sweeps``)."""
+    factors) and keeps the earlier run's others (``--scale-sweeps``).  With
+    ``add_points`` its points join the earlier ones instead (a point of the
+    same x replaces the earlier one), tagged with their run, and the slopes
+    are fitted again over all of them."""
     if not isinstance(old, dict) or not isinstance(new, dict) or "error" in new:
         return new
     out = dict(old)
     out["fits"] = dict(old.get("fits") or {})
     for sweep in ("rows", "features", "factors"):
-        if new.get(sweep):
+        if not new.get(sweep):
+            continue
+        if not add_points:
             out[sweep] = new[sweep]
             out["fits"] = {k: v for k, v in out["fits"].items() if not k.startswith(sweep + " ")}
             out["fits"].update({k: v for k, v in (new.get("fits") or {}).items()
                                 if k.startswith(sweep + " ")})
+            continue
+        merged = {m: list(pts) for m, pts in (old.get(sweep) or {}).items()}
+        for model, pts in new[sweep].items():
+            fresh = [dict(p, run=run) if run is not None else dict(p) for p in pts]
+            xs = {p["x"] for p in fresh}
+            keep = [p for p in merged.get(model, []) if p["x"] not in xs]
+            merged[model] = sorted(keep + fresh, key=lambda p: p["x"])
+        out[sweep] = merged
+    if add_points:
+        out["fits"] = run_all.scaling_fits(out)
     return out
 
 
-def merge(results, commits=None):
+def merge(results, commits=None, add_points=False):
     commits = commits or {}
     out = {"runs": []}
     for i, res in enumerate(results):
@@ -66,7 +81,8 @@ def merge(results, commits=None):
         for p in parts:
             for k in PART_KEYS[p]:
                 if k in res:
-                    out[k] = _merge_scaling(out.get(k), res[k]) if k == "scaling" else res[k]
+                    out[k] = (_merge_scaling(out.get(k), res[k], add_points, len(out["runs"]))
+                              if k == "scaling" else res[k])
         for k in ("compile_s", "data_generated"):
             out.setdefault(k, {}).update(res.get(k) or {})
         out["config"] = {**out.get("config", {}), **(res.get("config") or {})}
@@ -109,11 +125,15 @@ def main(argv=None):
     ap.add_argument("--commit", action="append", default=[],
                     help="INDEX=SHA: the commit run INDEX (0-based) ran, when its own header "
                          "could not know it")
+    ap.add_argument("--add-points", action="store_true",
+                    help="a later run's scaling points join the earlier ones (same x: "
+                         "replaced) instead of replacing its sweeps")
     ap.add_argument("--drop-epoch", action="append", default=[],
                     help="SYSTEM=K:WHY: recompute SYSTEM's epoch time without its epoch K")
     args = ap.parse_args(argv)
     commits = dict(c.split("=", 1) for c in args.commit)
-    res = merge([json.loads(Path(p).read_text()) for p in args.results], commits)
+    res = merge([json.loads(Path(p).read_text()) for p in args.results], commits,
+                args.add_points)
     for spec in args.drop_epoch:
         sid, rest = spec.split("=", 1)
         k, why = rest.split(":", 1)

@@ -610,7 +610,11 @@ class DataPool:
             nnz = int(ip[-1])
             indptr = np.concatenate([ip[:-1] + i * nnz for i in range(reps)]
                                     + [np.array([reps * nnz], dtype=np.int64)])
-            T = sp.csr_matrix((np.tile(B.data, reps), np.tile(B.indices, reps), indptr),
+            # past 2^31 nonzeros scipy wants int64 indices: tile them as int64
+            # (no int32 copy to upcast: 128M rows peak at ~60 GB, not ~80)
+            idx = B.indices.astype(np.int64) if reps * nnz > np.iinfo(np.int32).max \
+                else B.indices
+            T = sp.csr_matrix((np.tile(B.data, reps), np.tile(idx, reps), indptr),
                               shape=(B.shape[0] * reps, B.shape[1]), copy=False)
             self.full[key] = have = T
             self.generated[f"{task} {T.shape[0]}x2^{log2_features} (tiled)"] = \
@@ -1395,8 +1399,15 @@ def part_scaling(ctx, pool, floors):
         data = pool.get("binary", lf3, n, test=False)
         point("factors", "FM", kk, data, kk)
     ctx.drop_layouts()
+    out["fits"] = scaling_fits(out)
+    return out
+
+
+def scaling_fits(out):
+    """Log-log slope fits of every sweep and model of a scaling part."""
+    fits = {}
     for sweep in ("rows", "features", "factors"):
-        for model, pts in out[sweep].items():
+        for model, pts in (out.get(sweep) or {}).items():
             ok = [p for p in pts if p.get("epoch_ms")]
             fit = loglog_slope([p["x"] for p in ok], [p["epoch_ms"] for p in ok]) \
                 if len(ok) >= 2 else None
@@ -1410,8 +1421,8 @@ def part_scaling(ctx, pool, floors):
                 judged = sat_fit or fit
                 fit["saturated"] = sat_fit
                 fit["linear"] = bool(abs(judged["slope"] - 1.0) <= 0.15 and judged["r2"] >= 0.98)
-            out["fits"][f"{sweep} {model}"] = fit
-    return out
+            fits[f"{sweep} {model}"] = fit
+    return fits
 
 
 # --------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 #   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
+#   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
+#             merged into suite/ with merge_results.py --add-points
 # Logs and results go to $OUT (the device tool's folder) or benchmarks/results/device.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -48,6 +50,12 @@ if [[ $what == *scaling-large* ]]; then
     --scale-rows "${SCALE_ROWS:-1e6,2e6,4e6,8e6,16e6,32e6,64e6}" --scale-sweeps rows \
     --scale-rows-base "${SCALE_ROWS_BASE:-16e6}" --budget-s "${SUITE_BUDGET_S:-450}" \
     --out "$OUT/scaling_large"
+fi
+if [[ $what == *scaling-xl* ]]; then
+  step scaling_xl python benchmarks/run_all.py --gpu --parts floors,scaling \
+    --scale-rows "${SCALE_ROWS:-128e6}" --scale-sweeps rows \
+    --scale-rows-base "${SCALE_ROWS_BASE:-16e6}" --budget-s "${SUITE_BUDGET_S:-520}" \
+    --out "$OUT/scaling_xl"
 fi
 echo
 cat "$OUT/gpu.txt"

@@ -443,3 +443,30 @@ def test_merge_keeps_the_scaling_sweeps_a_later_run_left_out(smoke):
     assert set(merged["fits"]) == set(res["scaling"]["fits"])
     for k, v in merged["fits"].items():
         assert v == (rows_only if k.startswith("rows ") else res)["scaling"]["fits"][k]
+
+
+def test_merge_add_points_joins_a_later_runs_points(smoke):
+    import copy
+
+    import merge_results
+    import run_all
+
+    res, _, _ = smoke
+    later = {k: copy.deepcopy(res[k]) for k in ("config", "env", "scaling")}
+    later["scaling"]["features"] = {}
+    later["scaling"]["factors"] = {}
+    for pts in later["scaling"]["rows"].values():
+        last = pts[-1]
+        # one point past the earlier sweep, one re-measured at its last x
+        pts[:] = [dict(last, epoch_ms=last["epoch_ms"] * 1.5),
+                  dict(last, x=last["x"] * 2, epoch_ms=last["epoch_ms"] * 2)]
+    merged = merge_results.merge([res, later], add_points=True)["scaling"]
+    for model, pts in merged["rows"].items():
+        old = res["scaling"]["rows"][model]
+        assert [p["x"] for p in pts] == [p["x"] for p in old] + [old[-1]["x"] * 2]
+        assert pts[:-2] == old[:-1]  # untouched, untagged
+        assert [p["run"] for p in pts[-2:]] == [2, 2]
+        assert pts[-2]["epoch_ms"] == old[-1]["epoch_ms"] * 1.5
+    assert merged["features"] == res["scaling"]["features"]
+    assert merged["fits"] == run_all.scaling_fits(merged)
+    assert merged["fits"]["rows LR"] != res["scaling"]["fits"]["rows LR"]
