@@ -30,12 +30,12 @@ if [[ $what == tests* || $what == all ]]; then
   step demo python -m sklearn_cuwide.demo --n-samples 400000
 fi
 if [[ $what == *sanitize* || $what == all ]]; then
-  K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32) or fused or memory_kernels'
+  K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32) or fused or memory_kernels or (cluster and (fm8 or lr-adagrad or mlr or edge))'
   [[ $what == *sanitize-lbfgs* ]] && K='fused or memory_kernels'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$K"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
-    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "${RK:-epoch_matches_reference or all_hot or fused or memory_kernels}"
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "${RK:-epoch_matches_reference or all_hot or fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))}"
 fi
 if [[ $what == *bench* || $what == all ]]; then
   step bench_gpu python benchmarks/bench_gpu.py --out "$OUT/bench_gpu"
