@@ -704,7 +704,7 @@ def warm_kernels(ctx, data, params, k):
     # every thread-block-cluster variant a timed run may launch (the CUDA
     # backend picks one per number of workers: the warm-up's few rows use
     # clusters, the full grid plain blocks)
-    for cl in getattr(be, "CLUSTER_SIZES", ()):
+    for cl in (be.cluster_sizes() if hasattr(be, "cluster_sizes") else ()):
         be.run_epoch(dl, y, sw, bw, st, params, order, grid=1, cluster=cl)
     Xp = be.put_csr(_csr_rows(data.X, 0, min(n, 64)))
     be.decision_function(Xp, st.w, st.b, st.V)

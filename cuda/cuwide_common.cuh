@@ -85,39 +85,62 @@ __device__ __forceinline__ float load_acc(const float* G) {
 // memory) through addresses mapped with ``mapa``; ``cluster_sync`` is a
 // barrier over the cluster with release/acquire semantics (global and
 // shared memory), so what one block wrote before it is visible to all after.
+// Before sm_90 there are no clusters: the helpers compile to a single block's
+// view (rank 0 of 1) and the cluster kernel is never instantiated there (the
+// CUDA backend asks for clusters only on devices of compute capability 9+).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define CUWIDE_HAS_CLUSTERS 1
+#else
+#define CUWIDE_HAS_CLUSTERS 0
+#endif
+
 __device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
+  unsigned r = 0;
+#if CUWIDE_HAS_CLUSTERS
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
   return r;
 }
 
 __device__ __forceinline__ unsigned cluster_id() {
-  unsigned r;
+  unsigned r = blockIdx.x;
+#if CUWIDE_HAS_CLUSTERS
   asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+#endif
   return r;
 }
 
 __device__ __forceinline__ unsigned cluster_count() {
-  unsigned r;
+  unsigned r = gridDim.x;
+#if CUWIDE_HAS_CLUSTERS
   asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+#endif
   return r;
 }
 
 __device__ __forceinline__ void cluster_sync() {
+#if CUWIDE_HAS_CLUSTERS
   asm volatile(
       "barrier.cluster.arrive.release.aligned;\n\t"
       "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
 }
 
 // The address of ``*p`` (in this block's shared memory) in block ``rank``
 // of the cluster, as a generic pointer.
 template <typename T>
 __device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+#if CUWIDE_HAS_CLUSTERS
   unsigned long long out;
   asm volatile("mapa.u64 %0, %1, %2;"
                : "=l"(out)
                : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
   return reinterpret_cast<T*>(out);
+#else
+  return p;
+#endif
 }
 
 // First index in [lo, hi) whose feature id is above ``f`` (``feat`` sorted

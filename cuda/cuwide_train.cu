@@ -159,7 +159,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       // apply (split at feature boundaries)
       long long a0 = t0, a1 = t2, h0 = t0, h1 = t1, c0 = t1, c1 = t2;
       const int s0 = m * crank / CL, s1 = m * (crank + 1) / CL;
-      if (CL > 1) {
+      if constexpr (CL > 1) {
         a0 = t0 + (t2 - t0) * crank / CL;
         a1 = t0 + (t2 - t0) * (crank + 1) / CL;
         if (warp < 4) {
@@ -182,7 +182,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       }
       if (tid < NOUT) bgrad[tid] = 0.f;
       __syncthreads();
-      if (CL > 1) {
+      if constexpr (CL > 1) {
         h0 = s_split[0];
         h1 = s_split[1];
         c0 = s_split[2];
@@ -285,7 +285,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         }
       }
       __syncthreads();
-      if (CL > 1) {
+      if constexpr (CL > 1) {
         // reduce: this block sums the cluster's partial accumulators of its rows
         cluster_sync();  // every block's partial sums are complete
         for (int i = s0 * RS + tid; i < s1 * RS; i += bd) {
@@ -358,7 +358,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         }
       }
       __syncthreads();
-      if (CL > 1) {
+      if constexpr (CL > 1) {
         // gather: every block copies the others' rows (sums and derivatives)
         cluster_sync();
 #pragma unroll
@@ -569,12 +569,12 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
       // the worker's next sample block reads the model after every block's
       // updates (and no block reuses its shared memory while a peer reads it)
-      if (CL > 1) cluster_sync();
+      if constexpr (CL > 1) cluster_sync();
       // the next sample block's init only writes acc/hcache/bgrad, none of
       // which is read after the barrier above
     }
   }
-  if (CL > 1) cluster_sync();  // no block leaves while a peer may read its shared memory
+  if constexpr (CL > 1) cluster_sync();  // no block leaves while a peer may read its shared memory
   // one double atomic per warp for the loss
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);
@@ -586,9 +586,15 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(CUWIDE_TRAIN_PARAMS) {
   train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1>(CUWIDE_TRAIN_ARGS);
 }
 
-// CL blocks per worker, as a thread block cluster (the grid a multiple of CL)
+// CL blocks per worker, as a thread block cluster (the grid a multiple of CL;
+// sm_90 and later: before, the template exists but is never instantiated)
+#if CUWIDE_HAS_CLUSTERS
+#define CUWIDE_CLUSTER_DIMS(CL) __cluster_dims__(CL, 1, 1)
+#else
+#define CUWIDE_CLUSTER_DIMS(CL)
+#endif
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(512, 2)
+__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
     cuwide_train_cluster(CUWIDE_TRAIN_PARAMS) {
   train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL>(CUWIDE_TRAIN_ARGS);
 }

@@ -83,3 +83,8 @@ def test_cluster_for_fills_the_device_with_the_fewest_workers(workers, expected)
     cl = cc.cluster_for(workers, 264)
     assert cl == expected
     assert workers * cl <= 264 or cl == 1
+
+
+def test_cluster_for_without_clusters_is_one_block():
+    # before compute capability 9.0 the CUDA backend passes sizes (1,)
+    assert [cc.cluster_for(w, 216, (1,)) for w in (1, 4, 216)] == [1, 1, 1]

@@ -352,10 +352,16 @@ def train_kernel(params, n_outputs, n_factors, cluster=1):
 CLUSTER_SIZES = (1, 2, 4, 8)
 
 
+def cluster_sizes():
+    """Thread blocks per worker this device can run: clusters need compute
+    capability 9.0 (Hopper) or later; before, one block per worker."""
+    return CLUSTER_SIZES if _props()["major"] >= 9 else (1,)
+
+
 def cluster_for(workers):
     """Thread blocks per worker for ``workers`` concurrent workers on this
     device (:func:`sklearn_cuwide._backends._concurrency.cluster_for`)."""
-    return _concurrency.cluster_for(workers, full_grid(), CLUSTER_SIZES)
+    return _concurrency.cluster_for(workers, full_grid(), cluster_sizes())
 
 
 def default_staleness(params):
@@ -458,8 +464,10 @@ def run_epoch(
     k = _n_factors(state)
     if staleness == "auto":
         staleness = default_staleness(params)
-    if cluster is not None and int(cluster) not in CLUSTER_SIZES:
-        raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {cluster!r}")
+    if cluster is not None and int(cluster) not in cluster_sizes():
+        raise ValueError(
+            f"cluster must be one of {cluster_sizes()} on this device (thread block "
+            f"clusters need compute capability 9.0), got {cluster!r}")
 
     def cluster_of(g):
         if cluster is not None:
