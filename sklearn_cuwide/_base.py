@@ -15,6 +15,10 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import (
+    _check_partial_fit_first_call,
+    check_classification_targets,
+)
 from sklearn.utils.validation import _check_sample_weight, _check_y, validate_data
 
 from . import _device
@@ -344,6 +348,21 @@ def _sgd_auto_learning_rate(X, sw, *, loss, fit_intercept, n_iter=30,
     return 1.0 / (_CURVATURE[loss] * lam)
 
 
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+_ADAGRAD_AUTO_LEARNING_RATE = 0.1
+
+
+def _learning_rate(est, X, sw, *, loss, backend):
+    """An estimator's step size: its ``learning_rate``, or for ``"auto"``
+    sgd's ``1 / L`` from the data and adagrad's constant."""
+    if est.learning_rate != "auto":
+        return float(est.learning_rate)
+    if est.solver == "sgd":
+        return _sgd_auto_learning_rate(X, sw, loss=loss, fit_intercept=est.fit_intercept,
+                                       backend=backend)
+    return _ADAGRAD_AUTO_LEARNING_RATE
+
+
 def _logit_prior(y01, sw):
     """log(p / (1 - p)) of the weighted positive rate (clipped)."""
     p = float(np.dot(sw, y01) / sw.sum())
@@ -467,12 +486,44 @@ class _CuWideEstimator(BaseEstimator):
 
 
 class _WideClassifierMixin:
-    """``decision_function`` and ``predict`` shared by the two classifiers.
+    """The class labels of ``fit`` / ``partial_fit``, ``decision_function``
+    and ``predict`` shared by the two classifiers.
 
     The class defines ``_decision(X)``, returning (n_samples, n_heads)
     decision values, ``classes_``, and ``_multiclass_log_proba(Z)``: the log
     probabilities from the per-class scores of a multiclass model.
     """
+
+    def _single_class_error(self, classes):
+        return ValueError(
+            f"{type(self).__name__} needs samples of at least 2 classes in the data, "
+            f"but the data contains only one class: {classes.tolist()[0]!r}"
+        )
+
+    def _fit_classes(self, y):
+        """The classes of a fit's labels ``y``, and ``y`` as indices into them."""
+        check_classification_targets(y)
+        classes, y_idx = np.unique(y, return_inverse=True)
+        if classes.size < 2:
+            raise self._single_class_error(classes)
+        return classes, y_idx
+
+    def _partial_fit_classes(self, y, classes):
+        """``classes_`` from the first ``partial_fit`` call's ``classes``, and
+        ``y`` as indices into them (labels outside them are an error)."""
+        check_classification_targets(y)
+        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
+        if self.classes_.size < 2:
+            cls = self.classes_
+            del self.classes_
+            raise self._single_class_error(cls)
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(
+                f"y contains labels {unknown.tolist()} that are not in classes "
+                f"{self.classes_.tolist()}."
+            )
+        return np.searchsorted(self.classes_, y)
 
     def decision_function(self, X):
         """Decision values: log-odds of the positive class (binary), or one

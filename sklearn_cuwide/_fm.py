@@ -7,10 +7,6 @@ import numpy as np
 from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import (
-    _check_partial_fit_first_call,
-    check_classification_targets,
-)
 
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
@@ -20,23 +16,19 @@ from ._base import (
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
+    _learning_rate,
     _logit_prior,
     _make_layout,
     _optimizer_arrays,
     _restore_accumulators,
     _run_minibatch,
     _seeds,
-    _sgd_auto_learning_rate,
     _take_rows,
-    _to_host_if_cupy,
     _validation_split,
 )
 from ._state import ModelState, StepParams
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
-
-#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
-_ADAGRAD_AUTO_LEARNING_RATE = 0.1
 
 _FM_PARAMS_DOC = """
     n_factors : int, default=8
@@ -182,16 +174,6 @@ class _BaseFM(_CuWideEstimator):
     # subclasses: the loss, the targets of the heads and the fitted shapes
     _loss = None
 
-    def _learning_rate(self, X, sw, backend):
-        if self.learning_rate != "auto":
-            return float(self.learning_rate)
-        if self.solver == "sgd":
-            return _sgd_auto_learning_rate(
-                X, sw, loss=self._loss, fit_intercept=self.fit_intercept,
-                backend=backend,
-            )
-        return _ADAGRAD_AUTO_LEARNING_RATE
-
     def _warm_states(self, n_features, n_heads):
         """One ModelState per head from the fitted model, or None."""
         if not hasattr(self, "coef_"):
@@ -238,7 +220,7 @@ class _BaseFM(_CuWideEstimator):
             model="fm",
             loss=self._loss,
             solver=self.solver,
-            learning_rate=self._learning_rate(X, sw, backend),
+            learning_rate=_learning_rate(self, X, sw, loss=self._loss, backend=backend),
             l2_w=float(self.alpha),
             l2_v=float(self.beta),
             fit_intercept=self.fit_intercept,
@@ -416,13 +398,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
                                    backend=backend)
-        check_classification_targets(y)
-        classes, y_idx = np.unique(y, return_inverse=True)
-        if classes.size < 2:
-            raise ValueError(
-                f"{type(self).__name__} needs samples of at least 2 classes in the "
-                f"data, but the data contains only one class: {classes.tolist()[0]!r}"
-            )
+        classes, y_idx = self._fit_classes(y)
         n_heads = 1 if classes.size == 2 else classes.size
         warm = None
         if (
@@ -463,22 +439,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
                                    backend=backend)
-        check_classification_targets(y)
-        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
-        if self.classes_.size < 2:
-            cls = self.classes_
-            del self.classes_
-            raise ValueError(
-                f"{type(self).__name__} needs at least 2 classes, got only "
-                f"one class: {cls.tolist()[0]!r}"
-            )
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
-        if unknown.size:
-            raise ValueError(
-                f"y contains labels {unknown.tolist()} that are not in classes "
-                f"{self.classes_.tolist()}."
-            )
-        y_idx = np.searchsorted(self.classes_, y)
+        y_idx = self._partial_fit_classes(y, classes)
         n_heads = 1 if self.classes_.size == 2 else self.classes_.size
         warm = self._warm_states(X.shape[1], n_heads)
         self.device_ = device_

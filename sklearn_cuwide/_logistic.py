@@ -12,10 +12,6 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Hidden, Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.multiclass import (
-    _check_partial_fit_first_call,
-    check_classification_targets,
-)
 
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
@@ -25,15 +21,14 @@ from ._base import (
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
+    _learning_rate,
     _logit_prior,
     _make_layout,
     _optimizer_arrays,
     _restore_accumulators,
     _run_minibatch,
     _seeds,
-    _sgd_auto_learning_rate,
     _take_rows,
-    _to_host_if_cupy,
     _validation_split,
 )
 from ._solvers import fit_lbfgs_linear
@@ -41,8 +36,6 @@ from ._state import ModelState, StepParams
 
 __all__ = ["GPULogisticRegression"]
 
-#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
-_ADAGRAD_AUTO_LEARNING_RATE = 0.1
 
 _HAS_CW_SAMPLE_WEIGHT = (
     "sample_weight" in inspect.signature(compute_class_weight).parameters
@@ -57,13 +50,6 @@ def _class_weighted(class_weight, classes, y, sample_weight):
     kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
     cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
     return sample_weight * cw[np.searchsorted(classes, y)]
-
-
-def _single_class_error(est, classes):
-    return ValueError(
-        f"{type(est).__name__} needs samples of at least 2 classes in the data, "
-        f"but the data contains only one class: {classes.tolist()[0]!r}"
-    )
 
 
 def _is_minibatch(est):
@@ -285,15 +271,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             raise ValueError("l1_ratio must be specified when penalty is elasticnet.")
         return C, float(l1_ratio)
 
-    def _learning_rate(self, X, sw, loss, backend):
-        if self.learning_rate != "auto":
-            return float(self.learning_rate)
-        if self.solver == "sgd":
-            return _sgd_auto_learning_rate(
-                X, sw, loss=loss, fit_intercept=self.fit_intercept, backend=backend
-            )
-        return _ADAGRAD_AUTO_LEARNING_RATE
-
     # ------------------------------------------------------------------
     # fit
     # ------------------------------------------------------------------
@@ -326,10 +303,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
                                    backend=backend)
-        check_classification_targets(y)
-        classes, y_idx = np.unique(y, return_inverse=True)
-        if classes.size < 2:
-            raise _single_class_error(self, classes)
+        classes, y_idx = self._fit_classes(y)
         sw = _class_weighted(self.class_weight, classes, y, sw)
         if not sw.sum() > 0:
             raise ValueError("The sample weights times the class weights sum to 0.")
@@ -378,19 +352,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         device_, backend = _fit_device(self.device, X)
         X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
                                    backend=backend)
-        check_classification_targets(y)
-        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
-        if self.classes_.size < 2:
-            cls = self.classes_
-            del self.classes_
-            raise _single_class_error(self, cls)
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
-        if unknown.size:
-            raise ValueError(
-                f"y contains labels {unknown.tolist()} that are not in classes "
-                f"{self.classes_.tolist()}."
-            )
-        y_idx = np.searchsorted(self.classes_, y)
+        y_idx = self._partial_fit_classes(y, classes)
         sw = _class_weighted(self.class_weight, self.classes_, y, sw)
         warm = self._warm_arrays(X.shape[1], self.classes_, force=True)
         self.device_ = device_
@@ -468,7 +430,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             model="linear",
             loss=loss,
             solver=self.solver,
-            learning_rate=self._learning_rate(X, sw, loss, backend),
+            learning_rate=_learning_rate(self, X, sw, loss=loss, backend=backend),
             l2_w=l2_w,
             l1=l1,
             fit_intercept=self.fit_intercept,

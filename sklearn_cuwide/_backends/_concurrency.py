@@ -72,7 +72,12 @@ def blocks(concurrency, model, solver, n_batches, full_grid):
     )
 
 
-def cluster_for(workers, slots, sizes=(1, 2, 4, 8)):
+#: thread blocks per worker the training kernel is built for (1: plain
+#: blocks; 2, 4, 8: thread block clusters, the portable sizes, sm_90+)
+CLUSTER_SIZES = (1, 2, 4, 8)
+
+
+def cluster_for(workers, slots, sizes=CLUSTER_SIZES):
     """Thread blocks per worker for ``workers`` concurrent workers on a
     device that runs ``slots`` blocks at once: the largest size in
     ``sizes`` with which every worker still runs at once.

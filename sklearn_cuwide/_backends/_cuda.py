@@ -347,9 +347,7 @@ def train_kernel(params, n_outputs, n_factors, cluster=1):
     return get_kernel("cuwide_train.cu", expr)
 
 
-#: thread blocks per worker the kernel is built for (1: plain blocks;
-#: 2, 4, 8: thread block clusters, the portable sizes)
-CLUSTER_SIZES = (1, 2, 4, 8)
+CLUSTER_SIZES = _concurrency.CLUSTER_SIZES
 
 
 def cluster_sizes():
