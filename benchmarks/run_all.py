@@ -503,8 +503,10 @@ class Ctx:
 
         Xt = data.Xt
         if feature_rank is not None:
+            # new arrays: sorting the renumbered rows moves their values, and
+            # data.Xt (which every other system predicts) must keep its own
             idx = np.asarray(feature_rank)[Xt.indices].astype(Xt.indices.dtype)
-            Xt = sp.csr_matrix((Xt.data, idx, Xt.indptr.copy()), shape=Xt.shape)
+            Xt = sp.csr_matrix((Xt.data.copy(), idx, Xt.indptr.copy()), shape=Xt.shape)
             Xt.sort_indices()
         dev = self.be.put_csr(Xt)
         self.tests[key] = (None if feature_rank is None else np.asarray(feature_rank), dev)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run_all.py"
@@ -339,6 +340,30 @@ def test_helpers_against_references():
 
     X = sp.random(50, 7, density=0.3, format="csr", random_state=0)
     assert (run_all._csr_rows(X, 10, 30) != X[10:30]).nnz == 0
+
+
+def test_renumbered_test_matrix_leaves_the_shared_one_alone():
+    """The kernels predict a copy of the test rows in their layout's feature
+    order; the test rows every other system predicts keep their values (the
+    sort of the renumbered copy once moved them: the estimators and PyTorch
+    were scored on scrambled real-valued rows)."""
+    args = run_all.parse_args(["--cpu", "--smoke"])
+    ctx = run_all.Ctx(False, run_all.make_config(args), args)
+    rng = np.random.default_rng(0)
+    Xt = sp.random(40, 30, density=0.3, format="csr", random_state=0, dtype=np.float64)
+    Xt.data = rng.uniform(0.5, 2.0, Xt.nnz)
+    before = Xt.copy()
+    data = run_all.Data("t", "binary", Xt, np.zeros(40), Xt, np.zeros(40))
+    rank = rng.permutation(30)
+    got = ctx.test_matrix(data, rank)
+    assert (data.Xt != before).nnz == 0
+    assert np.array_equal(data.Xt.data, before.data)
+    assert np.array_equal(data.Xt.indices, before.indices)
+    # the renumbered copy: column rank[j] of it is column j of the test rows
+    ref = before.toarray()
+    want = np.zeros_like(ref)
+    want[:, rank] = ref
+    np.testing.assert_array_equal(got.toarray(), want)
 
 
 def test_a_failed_device_skips_the_gpu_work_after_it():
