@@ -27,6 +27,22 @@ from pathlib import Path
 __all__ = ["make_plots"]
 
 
+#: a scaling point counts as "every block busy" when its workers' thread
+#: blocks (workers x blocks per worker) fill at least this share of the blocks
+#: the device runs at once (the 4M-row point: 244 workers of 264 slots)
+BUSY_SHARE = 0.9
+
+
+def busy_grid(p):
+    """Whether a scaling point kept the device's blocks busy: its workers
+    times their thread block cluster size (1 where not recorded: plain
+    blocks) against the full grid; True without a grid (the CPU)."""
+    blocks, full = p.get("blocks"), p.get("full_grid")
+    if not blocks or not full:
+        return True
+    return blocks * p.get("cluster", 1) >= BUSY_SHARE * full
+
+
 def _plt():
     import matplotlib
 
@@ -137,9 +153,8 @@ def plot_scaling(res, path):
             if fit:
                 lab += f"; every block busy: {sat['slope']:.2f})" if sat else ")"
             line, = ax.plot(xs, ys, "o-", label=lab)
-            # hollow: fewer blocks than the device runs at once (latency-bound)
-            part = [p for p in ok if p.get("blocks") and p.get("full_grid")
-                    and p["blocks"] < p["full_grid"]]
+            # hollow: fewer busy blocks than the device runs at once (latency-bound)
+            part = [p for p in ok if not busy_grid(p)]
             if part:
                 ax.plot([p["x"] for p in part], [p["epoch_ms"] for p in part], "o",
                         mfc="white", color=line.get_color())

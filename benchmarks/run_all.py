@@ -72,6 +72,8 @@ for _p in (str(ROOT), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from plots import busy_grid  # noqa: E402
+
 PARTS = ("floors", "systems", "real", "ablation", "scaling")
 SKIPPABLE = ("kernel", "estimators", "lbfgs", "sgd", "sklearn", "torch", "cusparse",
              "classic", "regression", "plots")
@@ -1341,24 +1343,26 @@ def part_ablation(ctx, pool):
 
 
 def concurrent_blocks(ctx, n_rows):
-    """Workers an epoch of ``n_rows`` runs on by default, and the full grid
-    (the CUDA backend gives each worker at least MIN_BATCHES_PER_BLOCK
-    mini-batches, so small data runs on fewer, each a cluster of blocks
-    when few); (1, 1) on the CPU."""
+    """``(workers, blocks per worker, full grid)`` of an epoch of ``n_rows``
+    by default: the CUDA backend gives each worker at least
+    MIN_BATCHES_PER_BLOCK mini-batches, so small data runs on fewer workers,
+    each a thread block cluster when few; (1, 1, 1) on the CPU."""
     if not ctx.device.startswith("cuda"):
-        return 1, 1
+        return 1, 1, 1
     from sklearn_cuwide._backends import _cuda
 
-    return _cuda.default_grid(-(-n_rows // BATCH)), _cuda.full_grid()
+    workers = _cuda.default_grid(-(-n_rows // BATCH))
+    return workers, _cuda.cluster_for(workers), _cuda.full_grid()
 
 
 def scaling_point(ctx, data, k, epochs):
     r = run_kernel(ctx, data, k=k, l2_w=1e-7, l2_v=1e-6, epochs=epochs + 1, evaluate=False)
-    blocks, full = concurrent_blocks(ctx, data.n)
+    blocks, cluster, full = concurrent_blocks(ctx, data.n)
     return {"epoch_ms": r["epoch_ms"], "epoch_ms_list": r["epoch_ms_list"],
             "first_epoch_ms": r["first_epoch_ms"], "layout_s": r["layout_s"],
             "nnz": int(data.X.nnz), "csr_bytes": csr_bytes(data.X), "n_hot": r["n_hot"],
-            "sample_block": r["sample_block"], "blocks": blocks, "full_grid": full}
+            "sample_block": r["sample_block"], "blocks": blocks, "cluster": cluster,
+            "full_grid": full}
 
 
 def part_scaling(ctx, pool, floors):
@@ -1414,10 +1418,10 @@ def scaling_fits(out):
             fit = loglog_slope([p["x"] for p in ok], [p["epoch_ms"] for p in ok]) \
                 if len(ok) >= 2 else None
             if fit is not None and sweep == "rows":
-                # below a full grid the epoch is latency-bound by design (fewer
-                # blocks, each with >= 16 mini-batches); linearity is judged
-                # where every block is busy
-                sat = [p for p in ok if p.get("blocks") == p.get("full_grid")]
+                # with fewer busy blocks than the device runs the epoch is
+                # latency-bound by design (fewer workers, each with >= 16
+                # mini-batches); linearity is judged where the blocks are busy
+                sat = [p for p in ok if busy_grid(p)]
                 sat_fit = loglog_slope([p["x"] for p in sat], [p["epoch_ms"] for p in sat]) \
                     if len(sat) >= 2 else None
                 judged = sat_fit or fit
@@ -1660,7 +1664,11 @@ def _md_scaling(res):
                   "|---:|---:|---:|---:|---:|---:|"]
             for p in pts:
                 if "epoch_ms" in p:
-                    blocks = (f"{p['blocks']} of {p['full_grid']}" if "blocks" in p else "-")
+                    blocks = "-"
+                    if "blocks" in p:
+                        cl = p.get("cluster", 1)
+                        blocks = (f"{p['blocks']}" + (f" x {cl}" if cl > 1 else "")
+                                  + f" of {p['full_grid']}")
                     L.append(f"| {p['x']:,} | {p['epoch_ms']:.3f} | {p['first_epoch_ms']:.2f} | "
                              f"{_f(p.get('floor_ms'), '.3f')} | {p['layout_s']:.2f} | {blocks} |")
                 else:

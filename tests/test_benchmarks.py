@@ -393,11 +393,41 @@ def test_rows_linearity_judged_where_every_block_is_busy(smoke):
     sc = res["scaling"]
     for model, pts in sc["rows"].items():
         fit = sc["fits"][f"rows {model}"]
-        busy = [p for p in pts if p["blocks"] == p["full_grid"]]
+        busy = [p for p in pts if p["blocks"] * p["cluster"] == p["full_grid"]]
         assert busy == pts  # the CPU backend runs one block: always "full"
         assert fit["saturated"]["slope"] == pytest.approx(fit["slope"])
         assert fit["linear"] == bool(abs(fit["saturated"]["slope"] - 1.0) <= 0.15
                                      and fit["saturated"]["r2"] >= 0.98)
+
+
+def test_busy_points_count_the_blocks_of_thread_block_clusters():
+    """A rows point is judged "every block busy" by its workers times their
+    cluster size against the full grid (the points before clusters carry no
+    cluster size: plain blocks); the slope is fitted on those points only."""
+    from plots import BUSY_SHARE, busy_grid
+
+    full = 264
+    assert busy_grid({"blocks": 61, "cluster": 4, "full_grid": full})  # 244 blocks
+    assert not busy_grid({"blocks": 61, "full_grid": full})  # 61 plain blocks
+    assert busy_grid({"blocks": 264, "full_grid": full})
+    assert not busy_grid({"blocks": 100, "cluster": 2, "full_grid": full})
+    assert busy_grid({"blocks": 1, "full_grid": 1}) and busy_grid({})  # the CPU
+    edge = int(np.ceil(BUSY_SHARE * full))
+    assert busy_grid({"blocks": edge, "full_grid": full})
+    assert not busy_grid({"blocks": edge - 1, "full_grid": full})
+    # a latency floor on an idle grid, then time proportional to the rows
+    xs = [1, 2, 4, 8, 16]
+    pts = [{"x": x, "epoch_ms": max(2.0, 0.6 * x), "blocks": min(full, 32 * x),
+            "full_grid": full} for x in xs]
+    fits = run_all.scaling_fits({"rows": {"LR": pts}})
+    fit = fits["rows LR"]
+    want = run_all.loglog_slope(xs[-2:], [0.6 * x for x in xs[-2:]])
+    assert fit["saturated"]["slope"] == pytest.approx(want["slope"]) == pytest.approx(1.0)
+    assert fit["slope"] < 0.9 and fit["linear"]
+    for p in pts:  # the same points run as clusters: every one busy
+        p["cluster"] = full // p["blocks"] if p["blocks"] < full else 1
+    fit = run_all.scaling_fits({"rows": {"LR": pts}})["rows LR"]
+    assert fit["saturated"]["slope"] == pytest.approx(fit["slope"])
 
 
 def test_merge_results_takes_each_part_from_its_last_run(smoke, tmp_path):
