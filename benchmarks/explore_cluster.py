@@ -32,11 +32,15 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=4_000_000)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--torch-seeds", default="0", help="seeds of the --torch runs")
     ap.add_argument("--lr-too", action="store_true", help="also LR adagrad per cluster")
     ap.add_argument("--fm-runs", default="",
                     help="FM16 runs as cluster:workers:staleness[:g], comma separated "
                          "(staleness: cap-auto, capC, sqrt, none; g: per-sample "
                          "accumulators in global memory)")
+    ap.add_argument("--seeds", default="0",
+                    help="seeds of the --fm-runs (the layout's shuffle and the model's "
+                         "initialisation), comma separated: the run-to-run spread")
     ap.add_argument("--lr-grids", default="",
                     help="LR adagrad (cluster 1) with these many blocks, e.g. 244,264")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
@@ -88,11 +92,14 @@ def main(argv=None):
                 "staleness": False if stale == "none" else stale}
         if len(parts) > 3 and parts[3] == "g":
             opts["acc_global"] = True
-        try:
-            r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs, opts=opts)
-            show(f"FM16 {spec}", r)
-        except Exception as exc:
-            print(f"FM16 {spec}: ERROR {ra._err(exc)}", flush=True)
+        for seed in [int(x) for x in a.seeds.split(",") if x]:
+            tag = f"FM16 {spec}" + (f" seed={seed}" if seed else "")
+            try:
+                r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs,
+                                  seed=seed, opts=opts)
+                show(tag, r)
+            except Exception as exc:
+                print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
     for grid in [int(g) for g in a.lr_grids.split(",") if g]:
         try:
             r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
@@ -100,12 +107,13 @@ def main(argv=None):
             show(f"LR grid={grid}", r)
         except Exception as exc:
             print(f"LR grid={grid}: ERROR {ra._err(exc)}", flush=True)
-    if a.torch:
-        r = ra.run_torch(ctx, data, k=16, epochs=a.epochs)
+    for seed in [int(x) for x in a.torch_seeds.split(",") if x] if a.torch else ():
+        r = ra.run_torch(ctx, data, k=16, epochs=a.epochs, seed=seed)
         aucs = [c.get("test_auc") for c in r.get("curve", [])]
-        print(f"{'PyTorch FM16':28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
+        tag = "PyTorch FM16" + (f" seed={seed}" if seed else "")
+        print(f"{tag:28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
               + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
-        rows.append(dict(tag="torch_fm16", epoch_ms=r.get("epoch_ms"),
+        rows.append(dict(tag=tag, epoch_ms=r.get("epoch_ms"),
                          test_auc=r.get("test_auc"), curve=r.get("curve")))
     (out / "explore_cluster.json").write_text(json.dumps(rows, indent=1, default=str))
 
