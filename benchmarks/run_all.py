@@ -638,8 +638,11 @@ class DataPool:
 def make_params(model, k, solver, loss, lr, l2_w, l2_v):
     from sklearn_cuwide._state import StepParams
 
+    # as the estimators: logistic regression's penalty is C's full objective's
+    # per epoch (penalty_scaled), the FM's libFM's per-step one
     return StepParams(model="fm" if k else "linear", loss=loss, solver=solver,
-                      learning_rate=lr, l2_w=l2_w, l2_v=l2_v if k else 0.0)
+                      learning_rate=lr, l2_w=l2_w, l2_v=l2_v if k else 0.0,
+                      penalty_scaled=not k)
 
 
 def fresh_state(ctx, n_features, k, adagrad, b0, seed=0):

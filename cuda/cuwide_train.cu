@@ -21,7 +21,9 @@
 //              compacted per chunk) sums the segment and updates the
 //              parameter in global memory directly.
 //   update     sgd / adagrad, L2 on the present features, L1 proximal step,
-//              fused into the flush and the cold apply.
+//              fused into the flush and the cold apply; with pscale the
+//              penalties are scaled per feature (_layout.penalty_scale), and
+//              every step t is damped to the L2 term's proximal t / (1 + t l2).
 //
 // Semantics: with one thread block and round-robin order the mini-batches
 // are applied strictly in order, exactly as the CPU backend does.  With many
@@ -66,12 +68,12 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
       float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
       float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
       int fit_intercept, int fit_linear, const float *__restrict__ fscale, float bscale,    \
-      int skip, double *loss_out
+      const float *__restrict__ pscale, int skip, double *loss_out
 #define CUWIDE_TRAIN_ARGS                                                                  \
   feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
       work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
-      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, skip,   \
-      loss_out
+      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, pscale, \
+      skip, loss_out
 
 // CL blocks (a thread block cluster when CL > 1) form one worker: they train
 // the same sample block together.  Each aggregates a CL-th of its nonzeros
@@ -468,6 +470,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           const long long p = base + heads[j];
           const int f = feat[p];
           const float sc = fscale ? fscale[f] : 1.f;
+          // the feature's penalties (scaled to the full objective's per epoch)
+          const float ps = pscale ? pscale[f] : 1.f;
+          const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
           if (MODEL == FM) {
             float vk[KPL], gk[KPL], Gk[KPL];
             float gwv = 0.f;
@@ -498,12 +503,13 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               const int k = gl + kk * G;
               if (k < NF) {
                 const long long pi = (long long)f * NF + k;
-                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f, sc,
-                                     Gk[kk]);
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2vf * vk[kk], lr, eps, 0.f,
+                                     l2vf, sc, Gk[kk]);
               }
             }
             if (lin)
-              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w_old, lr, eps, l1, sc, Gw_old);
+              update_param<SOLVER>(w + f, gw + f, gwv + l2wf * w_old, lr, eps, l1f, l2wf, sc,
+                                   Gw_old);
           } else {
             float gs[NOUT], w_old[NOUT], G_old[NOUT];
 #pragma unroll
@@ -522,8 +528,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w_old[o], lr, eps, l1, sc,
-                                   G_old[o]);
+              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2wf * w_old[o], lr, eps, l1f,
+                                   l2wf, sc, G_old[o]);
             }
           }
         }
@@ -542,18 +548,20 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           hgrad[rp * hsize + i] = 0.f;
         }
         const float sc = fscale ? fscale[f] : 1.f;
+        const float ps = pscale ? pscale[f] : 1.f;
+        const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
         if (MODEL == FM) {
           if (j < NF) {
             const long long pi = (long long)f * NF + j;
-            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f, sc,
-                                 load_acc<SOLVER>(gV + pi));
+            update_param<SOLVER>(V + pi, gV + pi, gsum + l2vf * hcache[i], lr, eps, 0.f, l2vf,
+                                 sc, load_acc<SOLVER>(gV + pi));
           } else if (fit_linear) {
-            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1, sc,
-                                 load_acc<SOLVER>(gw + f));
+            update_param<SOLVER>(w + f, gw + f, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf,
+                                 sc, load_acc<SOLVER>(gw + f));
           }
         } else {
           const long long pi = (long long)f * NOUT + j;
-          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1, sc,
+          update_param<SOLVER>(w + pi, gw + pi, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf, sc,
                                load_acc<SOLVER>(gw + pi));
         }
       }
@@ -562,7 +570,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         float gsum = bgrad[tid];
 #pragma unroll
         for (int q = 1; q < CL; ++q) gsum += *cluster_map(&bgrad[tid], (unsigned)q);
-        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, bscale,
+        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, 0.f, bscale,
                              load_acc<SOLVER>(gb + tid));
       }
       __syncthreads();

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["TileLayout", "build_layout", "layout_to_csr", "frequency_ranking"]
+__all__ = ["TileLayout", "build_layout", "layout_to_csr", "frequency_ranking", "penalty_scale"]
 
 #: Largest sample block: local row ids are stored as uint16.
 MAX_SAMPLE_BLOCK = 65536
@@ -149,6 +149,36 @@ def _csr_parts(X):
         raise TypeError("build_layout expects a scipy (or cupyx) sparse matrix")
     X = X.tocsr() if X.format != "csr" else X
     return X.shape, np.asarray(X.indptr, dtype=np.int64), X.indices, X.data
+
+
+def penalty_scale(layout, xp=np):
+    """Per-feature factor of the penalty terms of an epoch (layout order).
+
+    The mini-batch step penalises the features present in a sample block
+    only, so a feature held by ``c`` of the epoch's sample blocks is
+    penalised ``c`` times where the full objective's stochastic gradient
+    (the penalty's gradient at every mini-batch) penalises every feature
+    ``n_batches`` times.  Scaling its penalty by ``n_batches / c`` restores
+    the full objective's penalty per epoch, for rare features as for
+    frequent ones.  Features absent from the layout get 0 (they are never
+    updated).  ``xp``: the array module of ``layout.feat`` (numpy or cupy).
+
+    Returns a float32 array of ``n_features``.
+    """
+    feat = layout.feat
+    nnz = int(feat.shape[0])
+    if nnz == 0:
+        return xp.zeros(layout.n_features, dtype=xp.float32)
+    # a feature's nonzeros are contiguous (sorted) in each tile: count the
+    # starts of its runs, a tile's first nonzero always starting one
+    head = xp.empty(nnz, dtype=bool)
+    head[0] = True
+    xp.not_equal(feat[1:], feat[:-1], out=head[1:])
+    starts = np.asarray(layout.tile_ptr[:-1], dtype=np.int64)
+    starts = starts[starts < nnz]
+    head[xp.asarray(starts)] = True
+    held = xp.bincount(feat[head], minlength=layout.n_features)
+    return xp.where(held > 0, layout.n_batches / xp.maximum(held, 1), 0.0).astype(xp.float32)
 
 
 def _gather_rows(xp, indptr, indices, data, users):
