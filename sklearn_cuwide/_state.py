@@ -33,7 +33,8 @@ class StepParams:
     ``l2_v`` and ``l1`` by its :func:`~sklearn_cuwide._layout.penalty_scale`
     (``n_batches`` over the sample blocks holding it), so that over an epoch
     every feature is penalised as the full objective's stochastic gradient
-    penalises it (logistic regression: scikit-learn's objective for ``C``).
+    penalises it (logistic regression sets it: scikit-learn's objective for
+    ``C``; the factorization machines keep libFM's per-step penalty).
 
     Every step ``t`` (sgd's ``learning_rate``, Adagrad's per-coordinate step)
     is taken as ``t / (1 + t * l2)`` with ``l2`` the feature's (scaled) L2
