@@ -143,6 +143,8 @@ def test_penalty_scale_counts_the_sample_blocks_holding_each_feature(n_hot_max):
                      shuffle=True, random_state=1)
     got = penalty_scale(L)
     assert got.dtype == np.float32 and got.shape == (90,)
+    for chunk in (1, 7, 64):  # read in pieces: the runs that cross a piece count once
+        np.testing.assert_array_equal(penalty_scale(L, chunk=chunk), got)
     held = np.zeros(90)
     for g in range(L.n_sblocks):
         rows = L.row_order[L.sblock_row_ptr[g]:L.sblock_row_ptr[g + 1]]
