@@ -6,6 +6,7 @@
 #             (sanitize-lbfgs: only the L-BFGS kernels' tests)
 #   bench:    benchmarks/bench_gpu.py (issue-3 targets)
 #   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
+#   systems:  only the suite's floors, systems and real-data parts (~5 minutes)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
 #   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
@@ -44,6 +45,11 @@ if [[ $what == *suite* || $what == all ]]; then
   export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
   step suite python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-250}" \
     --parts "${SUITE_PARTS:-floors,systems,real,ablation,scaling}" --out "$OUT/suite"
+fi
+if [[ $what == *systems* ]]; then
+  export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
+  step systems python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-240}" \
+    --parts floors,systems,real --out "$OUT/suite"
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \
