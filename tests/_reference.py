@@ -49,9 +49,8 @@ def reference_epoch(layout, y, sw, state, params, batch_order):
 
     def upd(P, G, idx, g, l1, l2):
         """Step t (sgd: lr; Adagrad: lr / (sqrt(G) + eps)), damped to the L2
-        term's proximal form t / (1 + t l2); then the L1 soft threshold."""
-        l1 = np.reshape(l1, (-1,) + (1,) * (g.ndim - 1)) if np.ndim(l1) else l1
-        l2 = np.reshape(l2, (-1,) + (1,) * (g.ndim - 1)) if np.ndim(l2) else l2
+        term's proximal form t / (1 + t l2); then the L1 soft threshold
+        (l1, l2: scalars or columns, one value per row of idx)."""
         if params.solver == "sgd":
             step = lr
         else:
@@ -93,7 +92,7 @@ def reference_epoch(layout, y, sw, state, params, batch_order):
                 d[np.arange(len(yi)), yi] -= 1
             total += float(ss @ lo)
             e = d * (ss / wb)[:, None]
-            p = ps[present]
+            p = ps[present][:, None]
             if params.fit_linear:
                 gW = Xb.T @ e + params.l2_w * ps[:, None] * W
                 upd(W, state.get("gw"), present, gW[present], params.l1 * p,

@@ -117,13 +117,11 @@ def _loss_and_derivative(margin, y, loss):
 def _update(P, G, F, g, params, l1, l2):
     """Fused sgd/adagrad update (+ L1 prox) of rows F of P (F unique).
 
-    ``g`` includes the L2 term; ``l2`` (a scalar or one value per row of
-    ``F``) damps the step to its proximal form ``t / (1 + t * l2)``; ``l1``
-    (likewise) is the soft threshold's coefficient.
+    ``g`` includes the L2 term; ``l2`` (a scalar or a column, one value per
+    row of ``F``) damps the step to its proximal form ``t / (1 + t * l2)``;
+    ``l1`` (likewise) is the soft threshold's coefficient.
     """
     lr = params.learning_rate
-    l2 = np.reshape(l2, (-1,) + (1,) * (g.ndim - 1)) if np.ndim(l2) else l2
-    l1 = np.reshape(l1, (-1,) + (1,) * (g.ndim - 1)) if np.ndim(l1) else l1
     if params.solver == "sgd":
         step = lr
     else:
@@ -189,11 +187,11 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
         heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1])))
         F = f[heads]
         er = e[r]  # (nnz, D)
-        ps = 1.0 if pscale is None else pscale[F]
+        ps = 1.0 if pscale is None else pscale[F][:, None]  # a column: per feature
         if params.fit_linear:
             l2 = params.l2_w * ps
             gw = np.add.reduceat(er * x[:, None], heads, axis=0)
-            gw += np.reshape(l2, (-1, 1)) * state.w[F] if np.ndim(l2) else l2 * state.w[F]
+            gw += l2 * state.w[F]
             _update(state.w, state.gw, F, gw.astype(dt), params, params.l1 * ps, l2)
         if params.model == "fm":
             l2 = params.l2_v * ps
@@ -201,7 +199,7 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
             gV = np.add.reduceat(
                 (e0 * x)[:, None] * s[r] - Vf * (e0 * x * x)[:, None], heads, axis=0
             )
-            gV += np.reshape(l2, (-1, 1)) * state.V[F] if np.ndim(l2) else l2 * state.V[F]
+            gV += l2 * state.V[F]
             _update(state.V, state.gV, F, gV.astype(dt), params, 0.0, l2)
     if params.fit_intercept:
         gb = e.sum(0).astype(dt)
