@@ -47,6 +47,9 @@ def main(argv=None):
                     help="the suite's LR adagrad (concurrency=auto) and FM16 adagrad "
                          "(concurrency=max) rows with the lazy and the scaled penalty, per "
                          "seed of --seeds: the scaling's cost per epoch and AUC side by side")
+    ap.add_argument("--plain-too", action="store_true",
+                    help="each --penalty row also with the apply's nonzeros read as plain "
+                         "loads (skip bit 16) instead of streaming ones, run right after it")
     ap.add_argument("--torch-lr-seeds", default="",
                     help="seeds of PyTorch LR runs (the suite's LR baseline), comma separated")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
@@ -122,14 +125,16 @@ def main(argv=None):
         for k, conc in ((0, "auto"), (16, "max")):
             l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
             for scaled in (False, True):
-                tag = (f"{'FM16' if k else 'LR'} {'scaled' if scaled else 'lazy'} "
-                       f"seed={seed}")
-                try:
-                    r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, concurrency=conc,
-                                      seed=seed, scale_penalty=scaled, **l2)
-                    show(tag, r)
-                except Exception as exc:
-                    print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+                for plain in (False, True) if a.plain_too else (False,):
+                    tag = (f"{'FM16' if k else 'LR'} {'scaled' if scaled else 'lazy'} "
+                           f"seed={seed}" + (" plain-loads" if plain else ""))
+                    try:
+                        r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, concurrency=conc,
+                                          seed=seed, scale_penalty=scaled,
+                                          opts={"skip": 16} if plain else None, **l2)
+                        show(tag, r)
+                    except Exception as exc:
+                        print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
     for seed in [int(x) for x in a.torch_lr_seeds.split(",") if x]:
         r = ra.run_torch(ctx, data, k=0, epochs=a.epochs, seed=seed)
         aucs = [c.get("test_auc") for c in r.get("curve", [])]

@@ -33,7 +33,9 @@
 //
 // Ablation switches (runtime): n_hot = 0 disables hot-feature caching;
 // n_rep = 1 disables replication; acc_global != nullptr keeps the per-sample
-// accumulators in global memory (no cross-stage caching).
+// accumulators in global memory (no cross-stage caching); skip bits 1/2/4/8
+// leave out the aggregate / hot apply / cold apply / flush (timing only), bit
+// 16 reads the apply's nonzeros as plain loads instead of streaming ones.
 #include "cuwide_common.cuh"
 
 using namespace cuwide;
@@ -374,6 +376,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       }
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
+      const bool plain = skip & 16;  // ablation: the apply's last reads as plain loads
       if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         // software pipelined: the next nonzero's loads are in flight while
@@ -381,9 +384,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         int f_n = -1, r_n = 0;
         float x_n = 0.f;
         if (h0 + gid < h1) {
-          f_n = feat[h0 + gid];
-          r_n = row[h0 + gid];
-          x_n = val[h0 + gid];
+          f_n = last_read(feat + h0 + gid, plain);
+          r_n = last_read(row + h0 + gid, plain);
+          x_n = last_read(val + h0 + gid, plain);
         }
         for (long long base = h0; base < h1; base += ng) {
           const bool active = base + gid < h1;
@@ -391,9 +394,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           const float x = x_n;
           const long long inext = base + ng + gid;
           if (inext < h1) {
-            f_n = feat[inext];
-            r_n = row[inext];
-            x_n = val[inext];
+            f_n = last_read(feat + inext, plain);
+            r_n = last_read(row + inext, plain);
+            x_n = last_read(val + inext, plain);
           }
           int f = active ? fa : -1;
           float c[MODEL == FM ? KPL + 1 : NOUT];
@@ -488,8 +491,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             const float w_old = lin ? w[f] : 0.f;
             const float Gw_old = lin ? load_acc<SOLVER>(gw + f) : 0.f;
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = row[q];
-              const float x = val[q];
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
               const float ex = acc[r * RS + NF] * x;
               gwv += ex;
 #pragma unroll
@@ -520,8 +523,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               G_old[o] = load_acc<SOLVER>(gw + pi);
             }
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = row[q];
-              const float x = val[q];
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
 #pragma unroll
               for (int o = 0; o < NOUT; ++o) gs[o] += acc[r * RS + o] * x;
             }

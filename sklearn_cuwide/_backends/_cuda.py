@@ -463,7 +463,8 @@ def run_epoch(
     first steps move the model most, and move it from the freshest weights).  ``n_rep`` and ``acc_global`` are
     the ablation switches (replicas of the hot accumulators; per-sample
     accumulators in global memory instead of shared memory); ``skip`` is a
-    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
+    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush;
+    16: the apply reads the nonzeros with plain loads, not streaming ones).
     ``grid`` counts workers (concurrent mini-batches); ``cluster`` is the
     thread blocks per worker (1, 2, 4 or 8; default :func:`cluster_for`
     the workers, 1 with ``deterministic``).  A worker trains its
