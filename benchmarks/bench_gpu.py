@@ -100,7 +100,8 @@ def run_ours(X, y, Xt, yt, *, model, n_factors, batch_size, epochs, lr, l2_w, l2
     pool.free_all_blocks()
     base_used = pool.total_bytes()
     params = StepParams(model="fm" if n_factors else "linear", loss="logistic",
-                        solver="adagrad", learning_rate=lr, l2_w=l2_w, l2_v=l2_v)
+                        solver="adagrad", learning_rate=lr, l2_w=l2_w, l2_v=l2_v,
+                        penalty_scaled=not n_factors)  # as the estimators
     sb, nh = be.tile_shape(params, 1, n_factors, batch_size)
     if switches.get("no_hot"):
         nh = 0

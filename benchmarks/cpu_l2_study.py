@@ -5,12 +5,15 @@ expected L2 per epoch is the full objective's (``n_batches`` steps of
 
     PYTHONPATH=. python benchmarks/cpu_l2_study.py N_FACTORS {lazy,scaled} ROWS L2_W L2_V
 
-The lazy L2 is what the CPU backend and the CUDA kernels do today: a feature
+``lazy`` (``StepParams(penalty_scaled=False)``, the FM's penalty): a feature
 in c of the epoch's sample blocks gets c L2 steps instead of the objective's
-n_batches, so rare features are barely regularised.  ``scaled`` multiplies
-each present feature's L2 term by n_batches / c (c counted on the layout).
-This script only patches the CPU backend's L2 term in its own process; it
-changes nothing in the package.  Test AUC on the 400k rows after ROWS.
+n_batches, so rare features are barely regularised.  ``scaled``
+(``penalty_scaled=True``, logistic regression's since this study): each
+present feature's penalty times n_batches / c (``_layout.penalty_scale``).
+Test AUC on the 400k rows after ROWS.  (The committed logs of
+``benchmarks/results/2026-11-30_s5_cpu_l2/`` came from the first version of
+this script, which patched the CPU backend's L2 term in its own process,
+without the proximal damping of the step; ``*_branch.log`` from this one.)
 """
 
 import sys
@@ -24,30 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from sklearn_cuwide._backends import _cpu as be  # noqa: E402
+from sklearn_cuwide._layout import penalty_scale  # noqa: E402
 from sklearn_cuwide._solvers import batch_weights  # noqa: E402
 from sklearn_cuwide._state import ModelState, StepParams  # noqa: E402
 from sklearn_cuwide.datasets import make_ctr_classification  # noqa: E402
-
-
-def blocks_holding(L, n_features):
-    """Sample blocks of the layout in which each feature (layout order) occurs."""
-    cnt = np.zeros(n_features)
-    for g in range(len(L.sblock_row_ptr) - 1):
-        cnt[np.unique(L.feat[L.sblock_slice(g)])] += 1
-    return cnt
-
-
-def scaled_run_epoch(scale):
-    """The CPU backend's run_epoch with each present feature's L2 term times
-    ``scale`` (a patched copy of the module, this process only)."""
-    src = Path(be.__file__).read_text()
-    for old in ("gw += params.l2_w * state.w[F]", "gV += params.l2_v * state.V[F]"):
-        assert old in src, old
-        src = src.replace(old, old + " * _L2_SCALE[F][:, None]")
-    ns = {"__name__": "_cpu_l2_scaled", "__file__": be.__file__,
-          "__package__": "sklearn_cuwide._backends", "_L2_SCALE": scale}
-    exec(compile(src, be.__file__, "exec"), ns)
-    return ns["run_epoch"]
 
 
 def main(argv):
@@ -57,16 +40,15 @@ def main(argv):
                                    random_state=0)
     Xtr, ytr, Xte, yte = X[:rows], y[:rows], X[rows:], y[rows:]
     params = StepParams(model="fm" if k else "linear", loss="logistic", solver="adagrad",
-                        learning_rate=0.05, l2_w=l2w, l2_v=l2v if k else 0.0)
+                        learning_rate=0.05, l2_w=l2w, l2_v=l2v if k else 0.0,
+                        penalty_scaled=mode == "scaled")
     sb, nh = be.tile_shape(params, 1, k, 1024)
     L = be.build_layout(Xtr, batch_size=1024, sample_block=sb, n_hot_max=nh, shuffle=True,
                         random_state=0)
-    run_epoch = be.run_epoch
     if mode == "scaled":
-        cnt = blocks_holding(L, X.shape[1])
-        scale = np.where(cnt > 0, L.n_batches / np.maximum(cnt, 1), 0.0)
-        run_epoch = scaled_run_epoch(scale)
-        print(f"scale: median {np.median(scale[cnt > 0]):.1f}, max {scale.max():.1f}", flush=True)
+        scale = penalty_scale(L)
+        print(f"scale: median {np.median(scale[scale > 0]):.1f}, max {scale.max():.1f}",
+              flush=True)
     yl = ytr[L.row_order].astype(np.float32)
     sw = np.ones(L.n_rows, np.float32)
     bw = batch_weights(L, np.ones(L.n_rows))
@@ -75,7 +57,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     for ep in range(3):
         t = time.time()
-        lo = run_epoch(L, yl, sw, bw, st, params, rng.permutation(L.n_batches)) / L.n_rows
+        lo = be.run_epoch(L, yl, sw, bw, st, params, rng.permutation(L.n_batches)) / L.n_rows
         h = st.permute_features(L.feature_rank)
         d = be.decision_function(Xte, h.w, h.b, h.V)[:, 0]
         print(f"k {k} {mode} rows {rows} l2 {l2w:g}/{l2v:g} epoch {ep + 1} train loss {lo:.4f} "

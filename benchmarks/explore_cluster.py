@@ -2,7 +2,7 @@
 and test AUC against the cluster size, on the suite's FM task.
 
     PYTHONPATH=. python benchmarks/explore_cluster.py [--clusters 1,2,4,8]
-        [--concurrency max,auto] [--torch] [--lr-rows 4000000] [--out DIR]
+        [--concurrency max,auto] [--torch] [--penalty] [--torch-lr-seeds 1,2] [--lr-rows 4000000] [--out DIR]
 
 A worker of the CUDA training kernel is ``cluster`` thread blocks that train
 one sample block together (``cuda/cuwide_train.cu``): the same sequential
@@ -37,12 +37,21 @@ def main(argv=None):
     ap.add_argument("--fm-runs", default="",
                     help="FM16 runs as cluster:workers:staleness[:g], comma separated "
                          "(staleness: cap-auto, capC, sqrt, none; g: per-sample "
-                         "accumulators in global memory)")
+                         "accumulators in global memory; s: scale_penalty)")
     ap.add_argument("--seeds", default="0",
                     help="seeds of the --fm-runs (the layout's shuffle and the model's "
                          "initialisation), comma separated: the run-to-run spread")
     ap.add_argument("--lr-grids", default="",
                     help="LR adagrad (cluster 1) with these many blocks, e.g. 244,264")
+    ap.add_argument("--penalty", action="store_true",
+                    help="the suite's LR adagrad (concurrency=auto) and FM16 adagrad "
+                         "(concurrency=max) rows with the lazy and the scaled penalty, per "
+                         "seed of --seeds: the scaling's cost per epoch and AUC side by side")
+    ap.add_argument("--plain-too", action="store_true",
+                    help="each --penalty row also with the apply's nonzeros read as plain "
+                         "loads (skip bit 16) instead of streaming ones, run right after it")
+    ap.add_argument("--torch-lr-seeds", default="",
+                    help="seeds of PyTorch LR runs (the suite's LR baseline), comma separated")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -58,6 +67,9 @@ def main(argv=None):
     fa, fb = cfg["fm_l2"]
     rows = []
 
+    def dump():  # after every run: a call cut short keeps what it measured
+        (out / "explore_cluster.json").write_text(json.dumps(rows, indent=1, default=str))
+
     def show(tag, r):
         aucs = [c.get("test_auc") for c in r["curve"]]
         print(f"{tag:28s} epoch {r['epoch_ms']:9.3f} ms  first {r['first_epoch_ms']:9.1f} ms  "
@@ -68,6 +80,7 @@ def main(argv=None):
                          cluster=r.get("cluster"), concurrency=r.get("concurrency"),
                          curve=r["curve"], test_auc=r.get("test_auc"),
                          test_logloss=r.get("test_logloss")))
+        dump()
 
     for cl in [int(c) for c in a.clusters.split(",") if c]:
         for conc in a.concurrency.split(","):
@@ -90,13 +103,14 @@ def main(argv=None):
         cl, grid, stale = int(parts[0]), int(parts[1]), parts[2]
         opts = {"cluster": cl, "grid": grid,
                 "staleness": False if stale == "none" else stale}
-        if len(parts) > 3 and parts[3] == "g":
+        flags = parts[3] if len(parts) > 3 else ""
+        if "g" in flags:
             opts["acc_global"] = True
         for seed in [int(x) for x in a.seeds.split(",") if x]:
             tag = f"FM16 {spec}" + (f" seed={seed}" if seed else "")
             try:
                 r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs,
-                                  seed=seed, opts=opts)
+                                  seed=seed, opts=opts, scale_penalty="s" in flags)
                 show(tag, r)
             except Exception as exc:
                 print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
@@ -107,6 +121,29 @@ def main(argv=None):
             show(f"LR grid={grid}", r)
         except Exception as exc:
             print(f"LR grid={grid}: ERROR {ra._err(exc)}", flush=True)
+    for seed in [int(x) for x in a.seeds.split(",") if x] if a.penalty else ():
+        for k, conc in ((0, "auto"), (16, "max")):
+            l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
+            for scaled in (False, True):
+                for plain in (False, True) if a.plain_too else (False,):
+                    tag = (f"{'FM16' if k else 'LR'} {'scaled' if scaled else 'lazy'} "
+                           f"seed={seed}" + (" plain-loads" if plain else ""))
+                    try:
+                        r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, concurrency=conc,
+                                          seed=seed, scale_penalty=scaled,
+                                          opts={"skip": 16} if plain else None, **l2)
+                        show(tag, r)
+                    except Exception as exc:
+                        print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+    for seed in [int(x) for x in a.torch_lr_seeds.split(",") if x]:
+        r = ra.run_torch(ctx, data, k=0, epochs=a.epochs, seed=seed)
+        aucs = [c.get("test_auc") for c in r.get("curve", [])]
+        tag = f"PyTorch LR seed={seed}"
+        print(f"{tag:28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
+              + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
+        rows.append(dict(tag=tag, epoch_ms=r.get("epoch_ms"),
+                         test_auc=r.get("test_auc"), curve=r.get("curve")))
+        dump()
     for seed in [int(x) for x in a.torch_seeds.split(",") if x] if a.torch else ():
         r = ra.run_torch(ctx, data, k=16, epochs=a.epochs, seed=seed)
         aucs = [c.get("test_auc") for c in r.get("curve", [])]
@@ -115,7 +152,8 @@ def main(argv=None):
               + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
         rows.append(dict(tag=tag, epoch_ms=r.get("epoch_ms"),
                          test_auc=r.get("test_auc"), curve=r.get("curve")))
-    (out / "explore_cluster.json").write_text(json.dumps(rows, indent=1, default=str))
+        dump()
+    dump()
 
 
 if __name__ == "__main__":

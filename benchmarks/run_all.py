@@ -635,11 +635,15 @@ class DataPool:
 # --------------------------------------------------------------------------
 # this project: kernels through the backend
 # --------------------------------------------------------------------------
-def make_params(model, k, solver, loss, lr, l2_w, l2_v):
+def make_params(model, k, solver, loss, lr, l2_w, l2_v, scale_penalty=None):
     from sklearn_cuwide._state import StepParams
 
+    # as the estimators: logistic regression's penalty is C's full objective's
+    # per epoch (penalty_scaled), the FM's libFM's per-step one unless asked
+    # (GPUFactorizationMachine(scale_penalty=True))
     return StepParams(model="fm" if k else "linear", loss=loss, solver=solver,
-                      learning_rate=lr, l2_w=l2_w, l2_v=l2_v if k else 0.0)
+                      learning_rate=lr, l2_w=l2_w, l2_v=l2_v if k else 0.0,
+                      penalty_scaled=(not k) if scale_penalty is None else bool(scale_penalty))
 
 
 def fresh_state(ctx, n_features, k, adagrad, b0, seed=0):
@@ -719,8 +723,11 @@ def warm_kernels(ctx, data, params, k):
 
 def run_kernel(ctx, data, *, k, solver="adagrad", loss="logistic", lr=LEARNING_RATE,
                l2_w=0.0, l2_v=0.0, epochs, sample_block=None, n_hot_max=None, opts=None,
-               upload=None, evaluate=True, seed=0, concurrency=None):
+               upload=None, evaluate=True, seed=0, concurrency=None, scale_penalty=None):
     """Epochs of this project's flow-based kernel through the backend.
+
+    ``scale_penalty``: the FM's option of that name (None: the estimators'
+    default, scaled for logistic regression only).
 
     ``concurrency``: the estimators' parameter ("auto", "max", an int),
     resolved into thread blocks by the CUDA backend; None runs the backend's
@@ -737,7 +744,8 @@ def run_kernel(ctx, data, *, k, solver="adagrad", loss="logistic", lr=LEARNING_R
 
     ctx.check_budget()
     be = ctx.be
-    params = make_params("fm" if k else "linear", k, solver, loss, lr, l2_w, l2_v)
+    params = make_params("fm" if k else "linear", k, solver, loss, lr, l2_w, l2_v,
+                         scale_penalty)
     warm_kernels(ctx, data, params, k)
     sb, nh = be.tile_shape(params, 1, k, BATCH)
     if sample_block is not None:
@@ -1143,6 +1151,10 @@ def system_list(ctx, data, *, epochs, fm_l2, sk_rows, cusparse_batches, real):
         add("ours_fm_auto", f"ours FM{k} adagrad (kernel, concurrency=auto)", "FM",
             ("kernel",), lambda: run_kernel(ctx, data, k=k, l2_w=fa, l2_v=fb, epochs=epochs,
                                             concurrency="auto"))
+        add("ours_fm_scaled", f"ours FM{k} adagrad (kernel, concurrency=max, scale_penalty)",
+            "FM", ("kernel",),
+            lambda: run_kernel(ctx, data, k=k, l2_w=fa, l2_v=fb, epochs=epochs,
+                               concurrency="max", scale_penalty=True))
         add("est_lr_adagrad", "ours GPULogisticRegression adagrad (fit)", "LR-fit",
             ("estimators",),
             lambda: run_estimator(ctx, data, lambda: GPULogisticRegression(
@@ -1596,8 +1608,8 @@ def _md_systems(res, part, title):
     return L
 
 
-REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_auto", "est_lr_lbfgs", "sk_lr", "sk_sgd", "torch_lr",
-                "torch_fm", "ours_fm_reg", "est_fm_reg", "sk_ridge")
+REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_auto", "ours_fm_scaled", "est_lr_lbfgs",
+                "sk_lr", "sk_sgd", "torch_lr", "torch_fm", "ours_fm_reg", "est_fm_reg", "sk_ridge")
 
 
 def _md_real_summary(block):

@@ -17,6 +17,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
 what=${1:-all}
+# the real data sets carried as .data reach every step, the gpu tests included
+[[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
 summary=()
 step() {  # name, command...
   local name=$1; shift

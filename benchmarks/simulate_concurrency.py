@@ -113,6 +113,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--beta", type=float, default=3e-4)
     ap.add_argument("--ramp", type=int, default=32)
+    ap.add_argument("--scale-penalty", action="store_true",
+                    help="the penalty scaled per feature (StepParams.penalty_scaled)")
     ap.add_argument("--policies", default="sequential,sum,sqrt,linear",
                     help="comma list: sequential, sum, sqrt, linear, capC (undamped "
                     "up to C concurrent updaters of a feature, damped beyond)")
@@ -122,7 +124,8 @@ def main():
     Xtr, ytr, Xte, yte = X[: args.rows], y[: args.rows], X[args.rows:], y[args.rows:]
     k = args.factors
     params = StepParams(model="fm" if k else "linear", loss="logistic", solver="adagrad",
-                        learning_rate=args.lr, l2_w=args.beta, l2_v=args.beta)
+                        learning_rate=args.lr, l2_w=args.beta, l2_v=args.beta,
+                        penalty_scaled=args.scale_penalty)
     sb, nh = _cpu.tile_shape(params, 1, k, args.batch)
     L = _cpu.build_layout(Xtr, batch_size=args.batch, sample_block=sb, n_hot_max=nh,
                           shuffle=True, random_state=0)
@@ -148,7 +151,8 @@ def main():
             h = st.permute_features(L.feature_rank)
             d = _cpu.decision_function(Xte, h.w, h.b, h.V)[:, 0]
             aucs.append(roc_auc_score(yte, d))
-        print(f"{policy:>10} P={args.blocks} lr={args.lr} beta={args.beta} ramp={args.ramp}: "
+        print(f"{policy:>10} P={args.blocks} lr={args.lr} beta={args.beta} ramp={args.ramp}"
+              f"{' scaled' if args.scale_penalty else ''}: "
               f"AUC/epoch {' '.join('%.4f' % a for a in aucs)} ({time.perf_counter()-t0:.0f}s)",
               flush=True)
 

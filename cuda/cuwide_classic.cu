@@ -70,8 +70,8 @@ __global__ void cuwide_classic(const int* __restrict__ indptr, const int* __rest
     if (MODEL == LINEAR) {
       for (int p = p0 + lane; p < p1; p += 32) {
         const int f = indices[p];
-        update_param<SOLVER>(w + f, gw + f, d * data[p] + l2w * w[f], lr, eps, 0.f, 1.f,
-                             load_acc<SOLVER>(gw + f));
+        update_param<SOLVER>(w + f, gw + f, d * data[p] + l2w * w[f], lr, eps, 0.f, 0.f,
+                             1.f, load_acc<SOLVER>(gw + f));
       }
     } else {
       for (int p = p0; p < p1; ++p) {
@@ -84,15 +84,15 @@ __global__ void cuwide_classic(const int* __restrict__ indptr, const int* __rest
             const long long pi = (long long)f * NF + k;
             const float v = V[pi];
             update_param<SOLVER>(V + pi, gV + pi, d * x * (s[kk] - v * x) + l2v * v, lr, eps,
-                                 0.f, 1.f, load_acc<SOLVER>(gV + pi));
+                                 0.f, 0.f, 1.f, load_acc<SOLVER>(gV + pi));
           }
         }
         if (lane == 0)
-          update_param<SOLVER>(w + f, gw + f, d * x + l2w * w[f], lr, eps, 0.f, 1.f,
-                               load_acc<SOLVER>(gw + f));
+          update_param<SOLVER>(w + f, gw + f, d * x + l2w * w[f], lr, eps, 0.f, 0.f,
+                               1.f, load_acc<SOLVER>(gw + f));
       }
     }
-    if (lane == 0) update_param<SOLVER>(b, gb, d, lr, eps, 0.f, 1.f, load_acc<SOLVER>(gb));
+    if (lane == 0) update_param<SOLVER>(b, gb, d, lr, eps, 0.f, 0.f, 1.f, load_acc<SOLVER>(gb));
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);

@@ -45,10 +45,20 @@ struct OddStride {
 // (Hogwild) never lose an update; a concurrent block's contribution to G
 // may be missed in this step's scale.  ``scale`` (1 in sequential mode)
 // shrinks the step of a parameter that several blocks update at once.
+// The last read of a stored nonzero in an epoch (the apply's): a streaming
+// load (evict first), so that the layout streaming through L2 leaves room for
+// the model's gathers; `plain` (an ablation switch) reads it as any load.
+template <typename T>
+__device__ __forceinline__ T last_read(const T* p, bool plain) {
+  return plain ? *p : __ldcs(p);
+}
+
 template <int SOLVER>
 __device__ __forceinline__ void update_param(float* p, float* G, float g, float lr,
-                                             float eps, float l1, float scale,
+                                             float eps, float l1, float l2, float scale,
                                              float G_old) {
+  // g includes the L2 term l2 * p_old; the step t is damped to t / (1 + t l2),
+  // the L2 term's proximal form (stable for any t * l2)
   float step;
   if (SOLVER == SGD) {
     step = lr;
@@ -58,6 +68,7 @@ __device__ __forceinline__ void update_param(float* p, float* G, float g, float 
     step = lr / (sqrtf(G_old + gg) + eps);
   }
   step *= scale;
+  step = step / (1.f + step * l2);
   const float delta = -step * g;
   if (l1 > 0.f) {
     const float thr = step * l1;

@@ -21,7 +21,9 @@
 //              compacted per chunk) sums the segment and updates the
 //              parameter in global memory directly.
 //   update     sgd / adagrad, L2 on the present features, L1 proximal step,
-//              fused into the flush and the cold apply.
+//              fused into the flush and the cold apply; with pscale the
+//              penalties are scaled per feature (_layout.penalty_scale), and
+//              every step t is damped to the L2 term's proximal t / (1 + t l2).
 //
 // Semantics: with one thread block and round-robin order the mini-batches
 // are applied strictly in order, exactly as the CPU backend does.  With many
@@ -31,7 +33,9 @@
 //
 // Ablation switches (runtime): n_hot = 0 disables hot-feature caching;
 // n_rep = 1 disables replication; acc_global != nullptr keeps the per-sample
-// accumulators in global memory (no cross-stage caching).
+// accumulators in global memory (no cross-stage caching); skip bits 1/2/4/8
+// leave out the aggregate / hot apply / cold apply / flush (timing only), bit
+// 16 reads the apply's nonzeros as plain loads instead of streaming ones.
 #include "cuwide_common.cuh"
 
 using namespace cuwide;
@@ -66,12 +70,12 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
       float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
       float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
       int fit_intercept, int fit_linear, const float *__restrict__ fscale, float bscale,    \
-      int skip, double *loss_out
+      const float *__restrict__ pscale, int skip, double *loss_out
 #define CUWIDE_TRAIN_ARGS                                                                  \
   feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
       work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
-      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, skip,   \
-      loss_out
+      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, pscale, \
+      skip, loss_out
 
 // CL blocks (a thread block cluster when CL > 1) form one worker: they train
 // the same sample block together.  Each aggregates a CL-th of its nonzeros
@@ -372,6 +376,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       }
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
+      const bool plain = skip & 16;  // ablation: the apply's last reads as plain loads
       if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         // software pipelined: the next nonzero's loads are in flight while
@@ -379,9 +384,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         int f_n = -1, r_n = 0;
         float x_n = 0.f;
         if (h0 + gid < h1) {
-          f_n = feat[h0 + gid];
-          r_n = row[h0 + gid];
-          x_n = val[h0 + gid];
+          f_n = last_read(feat + h0 + gid, plain);
+          r_n = last_read(row + h0 + gid, plain);
+          x_n = last_read(val + h0 + gid, plain);
         }
         for (long long base = h0; base < h1; base += ng) {
           const bool active = base + gid < h1;
@@ -389,9 +394,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           const float x = x_n;
           const long long inext = base + ng + gid;
           if (inext < h1) {
-            f_n = feat[inext];
-            r_n = row[inext];
-            x_n = val[inext];
+            f_n = last_read(feat + inext, plain);
+            r_n = last_read(row + inext, plain);
+            x_n = last_read(val + inext, plain);
           }
           int f = active ? fa : -1;
           float c[MODEL == FM ? KPL + 1 : NOUT];
@@ -468,6 +473,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           const long long p = base + heads[j];
           const int f = feat[p];
           const float sc = fscale ? fscale[f] : 1.f;
+          // the feature's penalties (scaled to the full objective's per epoch)
+          const float ps = pscale ? pscale[f] : 1.f;
+          const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
           if (MODEL == FM) {
             float vk[KPL], gk[KPL], Gk[KPL];
             float gwv = 0.f;
@@ -483,8 +491,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             const float w_old = lin ? w[f] : 0.f;
             const float Gw_old = lin ? load_acc<SOLVER>(gw + f) : 0.f;
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = row[q];
-              const float x = val[q];
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
               const float ex = acc[r * RS + NF] * x;
               gwv += ex;
 #pragma unroll
@@ -498,12 +506,13 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               const int k = gl + kk * G;
               if (k < NF) {
                 const long long pi = (long long)f * NF + k;
-                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2v * vk[kk], lr, eps, 0.f, sc,
-                                     Gk[kk]);
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2vf * vk[kk], lr, eps, 0.f,
+                                     l2vf, sc, Gk[kk]);
               }
             }
             if (lin)
-              update_param<SOLVER>(w + f, gw + f, gwv + l2w * w_old, lr, eps, l1, sc, Gw_old);
+              update_param<SOLVER>(w + f, gw + f, gwv + l2wf * w_old, lr, eps, l1f, l2wf, sc,
+                                   Gw_old);
           } else {
             float gs[NOUT], w_old[NOUT], G_old[NOUT];
 #pragma unroll
@@ -514,16 +523,16 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               G_old[o] = load_acc<SOLVER>(gw + pi);
             }
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = row[q];
-              const float x = val[q];
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
 #pragma unroll
               for (int o = 0; o < NOUT; ++o) gs[o] += acc[r * RS + o] * x;
             }
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2w * w_old[o], lr, eps, l1, sc,
-                                   G_old[o]);
+              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2wf * w_old[o], lr, eps, l1f,
+                                   l2wf, sc, G_old[o]);
             }
           }
         }
@@ -542,18 +551,20 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           hgrad[rp * hsize + i] = 0.f;
         }
         const float sc = fscale ? fscale[f] : 1.f;
+        const float ps = pscale ? pscale[f] : 1.f;
+        const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
         if (MODEL == FM) {
           if (j < NF) {
             const long long pi = (long long)f * NF + j;
-            update_param<SOLVER>(V + pi, gV + pi, gsum + l2v * hcache[i], lr, eps, 0.f, sc,
-                                 load_acc<SOLVER>(gV + pi));
+            update_param<SOLVER>(V + pi, gV + pi, gsum + l2vf * hcache[i], lr, eps, 0.f, l2vf,
+                                 sc, load_acc<SOLVER>(gV + pi));
           } else if (fit_linear) {
-            update_param<SOLVER>(w + f, gw + f, gsum + l2w * hcache[i], lr, eps, l1, sc,
-                                 load_acc<SOLVER>(gw + f));
+            update_param<SOLVER>(w + f, gw + f, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf,
+                                 sc, load_acc<SOLVER>(gw + f));
           }
         } else {
           const long long pi = (long long)f * NOUT + j;
-          update_param<SOLVER>(w + pi, gw + pi, gsum + l2w * hcache[i], lr, eps, l1, sc,
+          update_param<SOLVER>(w + pi, gw + pi, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf, sc,
                                load_acc<SOLVER>(gw + pi));
         }
       }
@@ -562,7 +573,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         float gsum = bgrad[tid];
 #pragma unroll
         for (int q = 1; q < CL; ++q) gsum += *cluster_map(&bgrad[tid], (unsigned)q);
-        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, bscale,
+        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, 0.f, bscale,
                              load_acc<SOLVER>(gb + tid));
       }
       __syncthreads();

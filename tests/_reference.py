@@ -37,15 +37,28 @@ def reference_epoch(layout, y, sw, state, params, batch_order):
     b = state["b"]
     total = 0.0
 
-    def upd(P, G, idx, g, l1):
+    # penalty factor per (user) feature: n_batches / sample blocks holding it
+    held = np.zeros(W.shape[0])
+    for users_xb in blocks.values():
+        for _, Xb in users_xb:
+            held += (Xb != 0).any(axis=0)
+    if getattr(params, "penalty_scaled", False):
+        ps = np.where(held > 0, layout.n_batches / np.maximum(held, 1), 0.0)
+    else:
+        ps = np.ones(W.shape[0])
+
+    def upd(P, G, idx, g, l1, l2):
+        """Step t (sgd: lr; Adagrad: lr / (sqrt(G) + eps)), damped to the L2
+        term's proximal form t / (1 + t l2); then the L1 soft threshold
+        (l1, l2: scalars or columns, one value per row of idx)."""
         if params.solver == "sgd":
             step = lr
-            new = P[idx] - lr * g
         else:
             G[idx] = G[idx] + g * g
             step = lr / (np.sqrt(G[idx]) + eps)
-            new = P[idx] - step * g
-        if l1 > 0:
+        step = step / (1.0 + step * l2)
+        new = P[idx] - step * g
+        if np.any(l1 > 0):
             new = np.sign(new) * np.maximum(np.abs(new) - step * l1, 0.0)
         P[idx] = new
 
@@ -79,14 +92,16 @@ def reference_epoch(layout, y, sw, state, params, batch_order):
                 d[np.arange(len(yi)), yi] -= 1
             total += float(ss @ lo)
             e = d * (ss / wb)[:, None]
+            p = ps[present][:, None]
             if params.fit_linear:
-                gW = Xb.T @ e + params.l2_w * W
-                upd(W, state.get("gw"), present, gW[present], params.l1)
+                gW = Xb.T @ e + params.l2_w * ps[:, None] * W
+                upd(W, state.get("gw"), present, gW[present], params.l1 * p,
+                    params.l2_w * p)
             if V is not None:
                 # d z / d V[f, k] = x_f * (S_k - V[f, k] x_f)
                 gV = Xb.T @ (e[:, 0:1] * S) - V * ((Xb**2).T @ e[:, 0])[:, None]
-                gV += params.l2_v * V
-                upd(V, state.get("gV"), present, gV[present], 0.0)
+                gV += params.l2_v * ps[:, None] * V
+                upd(V, state.get("gV"), present, gV[present], 0.0, params.l2_v * p)
             if params.fit_intercept:
-                upd(b, state.get("gb"), slice(None), e.sum(0), 0.0)
+                upd(b, state.get("gb"), slice(None), e.sum(0), 0.0, 0.0)
     return total

@@ -144,6 +144,27 @@ def test_fm_beats_lr_on_fm_planted_data():
     assert auc > lr + 0.02, (auc, lr)
 
 
+def test_scale_penalty_shrinks_rare_features_as_the_full_objective():
+    """scale_penalty=True penalises a feature in proportion to the mini-batches
+    of the epoch, not to those holding it: rare features' factors shrink
+    (toward the full objective's optimum, where a feature in a handful of
+    rows is pinned near zero), frequent ones' hardly change."""
+    X, y = make_ctr_classification(n_samples=20_000, n_features=2**14, n_fields=8,
+                                   n_numeric=0, model="fm", random_state=1)
+    kw = dict(n_factors=4, beta=1e-3, alpha=1e-4, batch_size=256, max_iter=3, tol=None,
+              random_state=0, device="cpu")
+    lazy = GPUFactorizationMachine(**kw).fit(X, y)
+    scaled = GPUFactorizationMachine(scale_penalty=True, **kw).fit(X, y)
+    counts = np.diff(X.tocsc().indptr)
+    rare = (counts > 0) & (counts <= 3)
+    frequent = counts >= 2000
+    assert rare.sum() > 100 and frequent.sum() > 5
+    norm = lambda m, sel: np.linalg.norm(m.factors_[sel], axis=1).mean()  # noqa: E731
+    assert norm(scaled, rare) < 0.5 * norm(lazy, rare), (norm(scaled, rare), norm(lazy, rare))
+    ratio = norm(scaled, frequent) / norm(lazy, frequent)
+    assert 0.7 < ratio < 1.5, ratio
+
+
 def test_fm_regressor_learns_planted_fm():
     X, y, mean = make_ctr_regression(n_samples=30_000, n_features=256, n_fields=4,
                                      n_numeric=2, model="fm", noise=0.5,

@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sklearn_cuwide._layout import build_layout, frequency_ranking, layout_to_csr
+from sklearn_cuwide._layout import (
+    build_layout,
+    frequency_ranking,
+    layout_to_csr,
+    penalty_scale,
+)
 
 
 def _canonical(X):
@@ -121,3 +126,30 @@ def test_chunked_build_is_identical(shuffle):
     for name in ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "row_order"):
         np.testing.assert_array_equal(getattr(A, name), getattr(B, name), err_msg=name)
     assert A.n_hot == B.n_hot
+
+
+@pytest.mark.parametrize("n_hot_max", [0, 7, 1000])
+def test_penalty_scale_counts_the_sample_blocks_holding_each_feature(n_hot_max):
+    """n_batches / (sample blocks holding the feature), counted from the
+    user's matrix row block by row block; 0 for absent features, including
+    hot tiles that follow an empty cold tile (the runs must not merge)."""
+    rng = np.random.default_rng(0)
+    X = sp.random(700, 90, density=0.04, format="lil", random_state=rng)
+    X[:, 3] = 1.0  # in every row: every sample block
+    X[:, 10] = 0.0  # absent
+    X[:350, 60:] = 0.0  # the first half's rows hold only hot-ish features
+    X = X.tocsr()
+    L = build_layout(X, batch_size=64, sample_block=30, n_hot_max=n_hot_max,
+                     shuffle=True, random_state=1)
+    got = penalty_scale(L)
+    assert got.dtype == np.float32 and got.shape == (90,)
+    for chunk in (1, 7, 64):  # read in pieces: the runs that cross a piece count once
+        np.testing.assert_array_equal(penalty_scale(L, chunk=chunk), got)
+    held = np.zeros(90)
+    for g in range(L.n_sblocks):
+        rows = L.row_order[L.sblock_row_ptr[g]:L.sblock_row_ptr[g + 1]]
+        held += np.asarray((X[rows] != 0).sum(axis=0)).ravel() > 0
+    want = np.where(held > 0, L.n_batches / np.maximum(held, 1), 0.0)
+    np.testing.assert_allclose(got, want[L.feature_order], rtol=1e-6)
+    assert got[L.feature_rank[10]] == 0.0
+    assert got[L.feature_rank[3]] == pytest.approx(L.n_batches / L.n_sblocks)

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit, logsumexp
 
+from .._layout import penalty_scale
 from .._sparse import canonical_csr
 
 name = "cpu"
@@ -113,24 +114,42 @@ def _loss_and_derivative(margin, y, loss):
     return lo, p
 
 
-def _update(P, G, F, g, params, l1):
-    """Fused sgd/adagrad update (+ L1 prox) of rows F of P (F unique)."""
+def _update(P, G, F, g, params, l1, l2):
+    """Fused sgd/adagrad update (+ L1 prox) of rows F of P (F unique).
+
+    ``g`` includes the L2 term; ``l2`` (a scalar or a column, one value per
+    row of ``F``) damps the step to its proximal form ``t / (1 + t * l2)``;
+    ``l1`` (likewise) is the soft threshold's coefficient.
+    """
     lr = params.learning_rate
     if params.solver == "sgd":
-        new = P[F] - lr * g
         step = lr
     else:
         acc = G[F] + g * g
         G[F] = acc
         step = lr / (np.sqrt(acc) + params.eps)
-        new = P[F] - step * g
-    if l1 > 0:
+    step = step / (1.0 + step * l2)
+    new = P[F] - step * g
+    if np.any(l1 > 0):
         new = np.sign(new) * np.maximum(np.abs(new) - step * l1, 0.0)
     P[F] = new
 
 
+def _penalty_scale(layout, params):
+    """Per-feature penalty factor (layout order) when ``params`` scales the
+    penalties, else None; computed once per layout."""
+    if not params.penalty_scaled:
+        return None
+    cached = layout.__dict__.get("_penalty_scale")
+    if cached is None:
+        cached = penalty_scale(layout).astype(np.float64)
+        layout.__dict__["_penalty_scale"] = cached
+    return cached
+
+
 def sblock_step(layout, g, y, sw, w_batch, state, params):
     """One sample block: aggregate, loss, apply. Returns sum of s_i*loss_i."""
+    pscale = _penalty_scale(layout, params)
     r0, r1 = int(layout.sblock_row_ptr[g]), int(layout.sblock_row_ptr[g + 1])
     m = r1 - r0
     sl = layout.sblock_slice(g)
@@ -168,20 +187,23 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
         heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1])))
         F = f[heads]
         er = e[r]  # (nnz, D)
+        ps = 1.0 if pscale is None else pscale[F][:, None]  # a column: per feature
         if params.fit_linear:
+            l2 = params.l2_w * ps
             gw = np.add.reduceat(er * x[:, None], heads, axis=0)
-            gw += params.l2_w * state.w[F]
-            _update(state.w, state.gw, F, gw.astype(dt), params, params.l1)
+            gw += l2 * state.w[F]
+            _update(state.w, state.gw, F, gw.astype(dt), params, params.l1 * ps, l2)
         if params.model == "fm":
+            l2 = params.l2_v * ps
             e0 = er[:, 0]
             gV = np.add.reduceat(
                 (e0 * x)[:, None] * s[r] - Vf * (e0 * x * x)[:, None], heads, axis=0
             )
-            gV += params.l2_v * state.V[F]
-            _update(state.V, state.gV, F, gV.astype(dt), params, 0.0)
+            gV += l2 * state.V[F]
+            _update(state.V, state.gV, F, gV.astype(dt), params, 0.0, l2)
     if params.fit_intercept:
         gb = e.sum(0).astype(dt)
-        _update(state.b, state.gb, slice(None), gb, params, 0.0)
+        _update(state.b, state.gb, slice(None), gb, params, 0.0, 0.0)
     return loss_sum
 
 

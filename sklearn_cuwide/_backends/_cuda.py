@@ -174,7 +174,7 @@ class DeviceLayout:
         self._pinned = None
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.counts = layout.feature_counts[layout.feature_order]
-        self._scale = self._q = None
+        self._scale = self._q = self._pscale = None
         if isinstance(layout.feat, cp.ndarray):  # built on the device
             self.resident = self.uploaded = True
             self.feat, self.row, self.val = layout.feat, layout.row, layout.val
@@ -245,6 +245,19 @@ class DeviceLayout:
             # one level kept: 4 bytes per feature, not 4 per level of the ramp
             self._scale = (key, (s.astype(cp.float32), sb))
         return self._scale[1]
+
+    def penalty_scale(self):
+        """:func:`sklearn_cuwide._layout.penalty_scale` on the device (float32,
+        layout order), computed once: where the nonzeros are (on the device
+        when built there, else on the host)."""
+        if getattr(self, "_pscale", None) is None:
+            from .._layout import penalty_scale
+
+            if isinstance(self.host.feat, cp.ndarray):
+                self._pscale = penalty_scale(self.host, cp)
+            else:
+                self._pscale = cp.asarray(penalty_scale(self.host, np))
+        return self._pscale
 
     @property
     def nbytes(self):
@@ -450,7 +463,8 @@ def run_epoch(
     first steps move the model most, and move it from the freshest weights).  ``n_rep`` and ``acc_global`` are
     the ablation switches (replicas of the hot accumulators; per-sample
     accumulators in global memory instead of shared memory); ``skip`` is a
-    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush).
+    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush;
+    16: the apply reads the nonzeros with plain loads, not streaming ones).
     ``grid`` counts workers (concurrent mini-batches); ``cluster`` is the
     thread blocks per worker (1, 2, 4 or 8; default :func:`cluster_for`
     the workers, 1 with ``deterministic``).  A worker trains its
@@ -489,6 +503,7 @@ def run_epoch(
         # (_concurrency) is trained strictly in order
         grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
+    pscale = dl.penalty_scale() if params.penalty_scaled else _NULL
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = None
     if acc_global:
@@ -545,7 +560,7 @@ def run_epoch(
                 np.float32(params.learning_rate), np.float32(params.l2_w),
                 np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
                 np.int32(params.fit_intercept), np.int32(params.fit_linear),
-                fscale, np.float32(bscale), np.int32(skip),
+                fscale, np.float32(bscale), pscale, np.int32(skip),
                 loss,
             ),
             shared_mem=smem,
