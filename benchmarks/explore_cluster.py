@@ -135,19 +135,13 @@ def main(argv=None):
                         show(tag, r)
                     except Exception as exc:
                         print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
-    for seed in [int(x) for x in a.torch_lr_seeds.split(",") if x]:
-        r = ra.run_torch(ctx, data, k=0, epochs=a.epochs, seed=seed)
+    torch_runs = [(0, seed) for seed in a.torch_lr_seeds.split(",") if seed]
+    if a.torch:
+        torch_runs += [(16, seed) for seed in a.torch_seeds.split(",") if seed]
+    for k, seed in torch_runs:
+        r = ra.run_torch(ctx, data, k=k, epochs=a.epochs, seed=int(seed))
         aucs = [c.get("test_auc") for c in r.get("curve", [])]
-        tag = f"PyTorch LR seed={seed}"
-        print(f"{tag:28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
-              + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
-        rows.append(dict(tag=tag, epoch_ms=r.get("epoch_ms"),
-                         test_auc=r.get("test_auc"), curve=r.get("curve")))
-        dump()
-    for seed in [int(x) for x in a.torch_seeds.split(",") if x] if a.torch else ():
-        r = ra.run_torch(ctx, data, k=16, epochs=a.epochs, seed=seed)
-        aucs = [c.get("test_auc") for c in r.get("curve", [])]
-        tag = "PyTorch FM16" + (f" seed={seed}" if seed else "")
+        tag = f"PyTorch {'FM16' if k else 'LR'}" + (f" seed={seed}" if int(seed) else "")
         print(f"{tag:28s} epoch {r.get('epoch_ms', float('nan')):9.1f} ms  AUC/epoch "
               + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
         rows.append(dict(tag=tag, epoch_ms=r.get("epoch_ms"),
