@@ -547,7 +547,9 @@ def run_epoch(
         grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
     gw = state.gw if state.gw is not None else _NULL
-    gstride = state.gw.shape[1] if state.gw is not None else 0
+    # floats from one feature's sums to the next: n_outputs, or n_outputs + 1
+    # when packed with the penalty factors (an earlier scaled epoch)
+    gstride = state.gw.strides[0] // state.gw.itemsize if state.gw is not None else 0
     pscale, pstride = _NULL, 1
     if params.penalty_scaled:
         if state.gw is not None:
