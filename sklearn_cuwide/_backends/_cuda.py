@@ -362,10 +362,8 @@ def pack_penalty(state, dl):
     pscale = dl.penalty_scale()
     gw = state.gw
     n, k = gw.shape
-    base = gw.base
-    packed = (base is not None and base.data.ptr in _PACKED_FOR
-              and base.shape == (n, k + 1) and gw.data.ptr == base.data.ptr)
-    if not packed:
+    base = _packed_base(gw)
+    if base is None:
         base = cp.empty((n, k + 1), dtype=gw.dtype)
         base[:, :k] = gw
         state.gw = base[:, :k]
@@ -374,6 +372,26 @@ def pack_penalty(state, dl):
         base[:, k] = pscale
         _PACKED_FOR[base.data.ptr] = dl._pscale_token
     return base, k + 1, base.ravel()[k:], k + 1
+
+
+def _packed_base(gw):
+    """The buffer :func:`pack_penalty` made, when ``gw`` is its view; else None."""
+    base = gw.base
+    n, k = gw.shape
+    if (base is not None and base.data.ptr in _PACKED_FOR and base.shape == (n, k + 1)
+            and gw.data.ptr == base.data.ptr):
+        return base
+    return None
+
+
+def _gw_argument(state):
+    """(buffer, stride) of Adagrad's sums of the linear weights for the
+    training kernel, without the penalty factors: a packed state passes its
+    buffer (stride n_outputs + 1), any other a C-contiguous array."""
+    base = _packed_base(state.gw)
+    if base is not None:
+        return base, base.shape[1]
+    return _dense_gw(state), state.gw.shape[1]
 
 
 def _dense_gw(state):
@@ -546,16 +564,15 @@ def run_epoch(
         # (_concurrency) is trained strictly in order
         grid = 1 if deterministic else default_grid(dl.n_batches)
     bw = dl.batch_weight_on_device(batch_weight)
-    gw = state.gw if state.gw is not None else _NULL
-    # floats from one feature's sums to the next: n_outputs, or n_outputs + 1
-    # when packed with the penalty factors (an earlier scaled epoch)
-    gstride = state.gw.strides[0] // state.gw.itemsize if state.gw is not None else 0
-    pscale, pstride = _NULL, 1
-    if params.penalty_scaled:
-        if state.gw is not None:
-            gw, gstride, pscale, pstride = pack_penalty(state, dl)
-        else:
-            pscale = dl.penalty_scale()
+    # the kernel gets contiguous buffers and the floats from one feature's
+    # Adagrad sums (and penalty factor) to the next
+    gw, gstride, pscale, pstride = _NULL, 0, _NULL, 1
+    if params.penalty_scaled and state.gw is not None:
+        gw, gstride, pscale, pstride = pack_penalty(state, dl)
+    elif params.penalty_scaled:
+        pscale = dl.penalty_scale()
+    if state.gw is not None and not params.penalty_scaled:
+        gw, gstride = _gw_argument(state)
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = None
     if acc_global:
