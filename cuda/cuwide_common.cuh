@@ -35,16 +35,6 @@ struct OddStride {
   static constexpr int v = (W > 1 && (W % 2) == 0) ? W + 1 : W;
 };
 
-// One sgd/adagrad step on one parameter, with the L1 proximal step fused.
-// Lock-free: the accumulator and the parameter are updated atomically, so
-// concurrent thread blocks (Hogwild) never lose an update.
-// One sgd/adagrad step on one parameter, with the L1 proximal step fused.
-// ``G_old`` is Adagrad's accumulator as read (early, to hide its latency) by
-// the caller.  Lock-free: the accumulator and the parameter change through
-// atomic adds (a CAS loop for the L1 prox), so concurrent thread blocks
-// (Hogwild) never lose an update; a concurrent block's contribution to G
-// may be missed in this step's scale.  ``scale`` (1 in sequential mode)
-// shrinks the step of a parameter that several blocks update at once.
 // The last read of a stored nonzero in an epoch (the apply's): a streaming
 // load (evict first), so that the layout streaming through L2 leaves room for
 // the model's gathers; `plain` (an ablation switch) reads it as any load.
@@ -53,6 +43,13 @@ __device__ __forceinline__ T last_read(const T* p, bool plain) {
   return plain ? *p : __ldcs(p);
 }
 
+// One sgd/adagrad step on one parameter, with the L1 proximal step fused.
+// ``G_old`` is Adagrad's accumulator as read (early, to hide its latency) by
+// the caller.  Lock-free: the accumulator and the parameter change through
+// atomic adds (a CAS loop for the L1 prox), so concurrent thread blocks
+// (Hogwild) never lose an update; a concurrent block's contribution to G
+// may be missed in this step's scale.  ``scale`` (1 in sequential mode)
+// shrinks the step of a parameter that several blocks update at once.
 template <int SOLVER>
 __device__ __forceinline__ void update_param(float* p, float* G, float g, float lr,
                                              float eps, float l1, float l2, float scale,

@@ -38,14 +38,13 @@ def reference_epoch(layout, y, sw, state, params, batch_order):
     total = 0.0
 
     # penalty factor per (user) feature: n_batches / sample blocks holding it
-    held = np.zeros(W.shape[0])
-    for users_xb in blocks.values():
-        for _, Xb in users_xb:
-            held += (Xb != 0).any(axis=0)
+    ps = np.ones(W.shape[0])
     if getattr(params, "penalty_scaled", False):
+        held = np.zeros(W.shape[0])
+        for users_xb in blocks.values():
+            for _, Xb in users_xb:
+                held += (Xb != 0).any(axis=0)
         ps = np.where(held > 0, layout.n_batches / np.maximum(held, 1), 0.0)
-    else:
-        ps = np.ones(W.shape[0])
 
     def upd(P, G, idx, g, l1, l2):
         """Step t (sgd: lr; Adagrad: lr / (sqrt(G) + eps)), damped to the L2

@@ -55,15 +55,23 @@ def _compare(loss, out, ref_loss, ref, rtol=2e-3, atol=2e-5):
         np.testing.assert_allclose(v, ref[k], rtol=rtol, atol=atol, err_msg=k)
 
 
+def _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=None, **kw):
+    """One deterministic GPU epoch in a random mini-batch order against the
+    float64 reference's epoch from the same state; returns the device layout."""
+    order = rng.permutation(layout.n_batches)
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    loss, out, dl = _run_gpu(cuda, layout, y, sw, state, params, order, put_kw=put_kw,
+                             deterministic=True, **kw)
+    _compare(loss, out, ref_loss, ref)
+    return dl
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_epoch_matches_reference(cuda, cfg):
     rng = np.random.default_rng()
     X, y, sw, layout, state, params = make_case(rng, cfg)
-    order = rng.permutation(layout.n_batches)
-    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
-    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
-    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True)
-    _compare(loss, out, ref_loss, ref)
+    _check_epoch(cuda, rng, layout, y, sw, state, params)
 
 
 SCALED_ADAGRAD = [c for c in CONFIGS if c[1].get("penalty_scaled") and c[1]["solver"] == "adagrad"]
@@ -111,12 +119,7 @@ def test_cluster_epoch_matches_reference(cuda, cfg, cluster):
     sample block) keeps the sequential order's result."""
     rng = np.random.default_rng()
     X, y, sw, layout, state, params = make_case(rng, cfg)
-    order = rng.permutation(layout.n_batches)
-    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
-    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
-    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True,
-                            cluster=cluster)
-    _compare(loss, out, ref_loss, ref)
+    _check_epoch(cuda, rng, layout, y, sw, state, params, cluster=cluster)
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[2], CONFIGS[4]], ids=lambda c: c[0])
@@ -152,12 +155,7 @@ def test_cluster_edge_cases_match_reference(cuda, cfg, case):
         X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
     if case == "no_hot":
         assert layout.n_hot == 0
-    order = rng.permutation(layout.n_batches)
-    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
-    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
-    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True,
-                            cluster=8, **kw)
-    _compare(loss, out, ref_loss, ref)
+    _check_epoch(cuda, rng, layout, y, sw, state, params, cluster=8, **kw)
 
 
 def test_cluster_rejects_other_sizes(cuda):
@@ -190,15 +188,9 @@ def test_switches_match_reference(cuda, cfg, switch):
     X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
     if switch == "no_hot":
         assert layout.n_hot == 0
-    order = rng.permutation(layout.n_batches)
-    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
-    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
-    loss, out, dl = _run_gpu(
-        cuda, layout, y, sw, state, params, order, put_kw=put_kw, deterministic=True, **kw
-    )
+    dl = _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=put_kw, **kw)
     if switch == "stream":
         assert not dl.resident and len(dl.chunks) > 3
-    _compare(loss, out, ref_loss, ref)
 
 
 def test_resident_second_epoch_and_hogwild(cuda):
@@ -391,11 +383,7 @@ def test_all_hot_sample_blocks(cuda):
     layout = build_layout(X, batch_size=64, sample_block=30, n_hot_max=6, shuffle=True, random_state=1)
     assert layout.n_hot == 6 and (layout.tile_ptr[2::2] == layout.tile_ptr[1::2]).all()
     state = ModelState.zeros(6, 1, cfg[3], adagrad=True, init_scale=0.1, random_state=2)
-    order = rng.permutation(layout.n_batches)
-    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
-    ref_loss = reference_epoch(layout, y, sw, ref, params, order)
-    loss, out, _ = _run_gpu(cuda, layout, y, sw, state, params, order, deterministic=True)
-    _compare(loss, out, ref_loss, ref)
+    _check_epoch(cuda, rng, layout, y, sw, state, params)
 
 
 @pytest.mark.parametrize("model", ["lr", "fm"])

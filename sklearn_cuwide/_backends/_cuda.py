@@ -251,7 +251,7 @@ class DeviceLayout:
         """:func:`sklearn_cuwide._layout.penalty_scale` on the device (float32,
         layout order), computed once: where the nonzeros are (on the device
         when built there, else on the host)."""
-        if getattr(self, "_pscale", None) is None:
+        if self._pscale is None:
             from .._layout import penalty_scale
 
             if isinstance(self.host.feat, cp.ndarray):
