@@ -7,6 +7,8 @@
 #   bench:    benchmarks/bench_gpu.py (issue-3 targets)
 #   suite:    benchmarks/run_all.py --gpu (issue 4; carry the real data as .data)
 #   systems:  only the suite's floors, systems and real-data parts (~5 minutes)
+#   packed:   the kernel tests, memcheck and racecheck of the scaled
+#             configurations, and LR/FM lazy vs scaled over 3 seeds (~4 minutes)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
 #   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
@@ -52,6 +54,16 @@ if [[ $what == *systems* ]]; then
   export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
   step systems python benchmarks/run_all.py --gpu --budget-s "${SUITE_BUDGET_S:-240}" \
     --parts floors,systems,real --out "$OUT/suite"
+fi
+if [[ $what == *packed* ]]; then
+  step kernel_tests python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "scaled"
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py \
+    -k "scaled and (epoch_matches_reference or packed)"
+  step penalty python benchmarks/explore_cluster.py --clusters "" --penalty --seeds 0,1,2 \
+    --out "$OUT/penalty"
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \

@@ -24,6 +24,10 @@
 //              fused into the flush and the cold apply; with pscale the
 //              penalties are scaled per feature (_layout.penalty_scale), and
 //              every step t is damped to the L2 term's proximal t / (1 + t l2).
+//              Feature f's Adagrad sums are gw[f * gstride + o] and its penalty
+//              factor pscale[f * pstride]: the backend packs both in one buffer
+//              (gstride = pstride = NOUT + 1, pscale = gw + NOUT), so that the
+//              cold apply reads them from one 32-byte sector, not two.
 //
 // Semantics: with one thread block and round-robin order the mini-batches
 // are applied strictly in order, exactly as the CPU backend does.  With many
@@ -70,12 +74,13 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
       float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
       float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
       int fit_intercept, int fit_linear, const float *__restrict__ fscale, float bscale,    \
-      const float *__restrict__ pscale, int skip, double *loss_out
+      const float *__restrict__ pscale, int gstride, int pstride, int skip,                \
+      double *loss_out
 #define CUWIDE_TRAIN_ARGS                                                                  \
   feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
       work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
       acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, pscale, \
-      skip, loss_out
+      gstride, pstride, skip, loss_out
 
 // CL blocks (a thread block cluster when CL > 1) form one worker: they train
 // the same sample block together.  Each aggregates a CL-th of its nonzeros
@@ -474,7 +479,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           const int f = feat[p];
           const float sc = fscale ? fscale[f] : 1.f;
           // the feature's penalties (scaled to the full objective's per epoch)
-          const float ps = pscale ? pscale[f] : 1.f;
+          const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
           const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
           if (MODEL == FM) {
             float vk[KPL], gk[KPL], Gk[KPL];
@@ -489,7 +494,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             }
             const bool lin = gl == 0 && fit_linear;
             const float w_old = lin ? w[f] : 0.f;
-            const float Gw_old = lin ? load_acc<SOLVER>(gw + f) : 0.f;
+            const float Gw_old = lin ? load_acc<SOLVER>(gw + (long long)f * gstride) : 0.f;
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
               const int r = last_read(row + q, plain);
               const float x = last_read(val + q, plain);
@@ -511,8 +516,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               }
             }
             if (lin)
-              update_param<SOLVER>(w + f, gw + f, gwv + l2wf * w_old, lr, eps, l1f, l2wf, sc,
-                                   Gw_old);
+              update_param<SOLVER>(w + f, gw + (long long)f * gstride, gwv + l2wf * w_old, lr,
+                                   eps, l1f, l2wf, sc, Gw_old);
           } else {
             float gs[NOUT], w_old[NOUT], G_old[NOUT];
 #pragma unroll
@@ -520,7 +525,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               const long long pi = (long long)f * NOUT + o;
               gs[o] = 0.f;
               w_old[o] = l2w != 0.f ? w[pi] : 0.f;
-              G_old[o] = load_acc<SOLVER>(gw + pi);
+              G_old[o] = load_acc<SOLVER>(gw + (long long)f * gstride + o);
             }
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
               const int r = last_read(row + q, plain);
@@ -531,7 +536,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + pi, gs[o] + l2wf * w_old[o], lr, eps, l1f,
+              update_param<SOLVER>(w + pi, gw + (long long)f * gstride + o,
+                                   gs[o] + l2wf * w_old[o], lr, eps, l1f,
                                    l2wf, sc, G_old[o]);
             }
           }
@@ -551,7 +557,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           hgrad[rp * hsize + i] = 0.f;
         }
         const float sc = fscale ? fscale[f] : 1.f;
-        const float ps = pscale ? pscale[f] : 1.f;
+        const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
         const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
         if (MODEL == FM) {
           if (j < NF) {
@@ -559,13 +565,15 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             update_param<SOLVER>(V + pi, gV + pi, gsum + l2vf * hcache[i], lr, eps, 0.f, l2vf,
                                  sc, load_acc<SOLVER>(gV + pi));
           } else if (fit_linear) {
-            update_param<SOLVER>(w + f, gw + f, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf,
-                                 sc, load_acc<SOLVER>(gw + f));
+            const long long gi = (long long)f * gstride;
+            update_param<SOLVER>(w + f, gw + gi, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf,
+                                 sc, load_acc<SOLVER>(gw + gi));
           }
         } else {
           const long long pi = (long long)f * NOUT + j;
-          update_param<SOLVER>(w + pi, gw + pi, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf, sc,
-                               load_acc<SOLVER>(gw + pi));
+          const long long gi = (long long)f * gstride + j;
+          update_param<SOLVER>(w + pi, gw + gi, gsum + l2wf * hcache[i], lr, eps, l1f, l2wf, sc,
+                               load_acc<SOLVER>(gw + gi));
         }
       }
       if (fit_intercept && tid < NOUT && crank == 0) {

@@ -21,6 +21,8 @@ CONFIGS = [
      dict(model="linear", loss="logistic", solver="adagrad", penalty_scaled=True), 1, 0),
     ("lr-sgd-l1-scaled",
      dict(model="linear", loss="logistic", solver="sgd", l1=0.002, penalty_scaled=True), 1, 0),
+    ("mlr-adagrad-scaled",
+     dict(model="linear", loss="multinomial", solver="adagrad", penalty_scaled=True), 3, 0),
     ("mlr-sgd-scaled",
      dict(model="linear", loss="multinomial", solver="sgd", penalty_scaled=True), 3, 0),
     ("fm8-adagrad-scaled",

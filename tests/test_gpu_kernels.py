@@ -74,6 +74,44 @@ def test_epoch_matches_reference(cuda, cfg):
     _check_epoch(cuda, rng, layout, y, sw, state, params)
 
 
+SCALED_ADAGRAD = [c for c in CONFIGS if c[1].get("penalty_scaled") and c[1]["solver"] == "adagrad"]
+
+
+@pytest.mark.parametrize("cfg", SCALED_ADAGRAD, ids=[c[0] for c in SCALED_ADAGRAD])
+def test_packed_penalty_factors_follow_the_layout(cuda, cfg):
+    """Adagrad's sums and the penalty factors share one device buffer
+    (``_cuda.pack_penalty``).  One device state trained for an epoch on each
+    of two layouts of the same rows (other shuffles: the same feature order,
+    other factors) and then a third epoch on the first matches the float64
+    reference's three epochs: the factors are rewritten when the layout
+    changes, and the packed sums persist between epochs."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    X, y, sw, l1, state, params = make_case(rng, cfg)
+    l2 = build_layout(X, batch_size=96, sample_block=40, n_hot_max=12, shuffle=True,
+                      random_state=int(rng.integers(1 << 30)))
+    assert np.array_equal(l1.feature_order, l2.feature_order)
+    from sklearn_cuwide._layout import penalty_scale
+
+    assert not np.allclose(penalty_scale(l1), penalty_scale(l2))
+    ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
+    st = cuda.put_state(state.permute_features(l1.feature_order))
+    dls = {1: cuda.put_layout(l1), 2: cuda.put_layout(l2)}
+    for which, lay in ((1, l1), (2, l2), (1, l1)):
+        order = rng.permutation(lay.n_batches)
+        ref_loss = reference_epoch(lay, y, sw, ref, params, order)
+        ro = lay.row_order
+        loss = cuda.run_epoch(dls[which], cp.asarray(y[ro].astype(np.float32)),
+                              cp.asarray(sw[ro].astype(np.float32)),
+                              batch_weights(lay, sw[ro]), st, params, order,
+                              deterministic=True)
+        np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+    assert not st.gw.flags.c_contiguous  # the packed view
+    out = cuda.get_state(st).permute_features(l1.feature_rank)
+    _compare(loss, out, ref_loss, ref)
+
+
 @pytest.mark.parametrize("cluster", [2, 4, 8])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_cluster_epoch_matches_reference(cuda, cfg, cluster):
