@@ -25,6 +25,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_all as ra  # noqa: E402
 
 
+_VARIANT_CACHE = {}
+
+
+def use_sources(ctx, spec):
+    """Compile the kernels from another source folder, with extra macros
+    (``name=DIR[+MACRO=V...]``): the A/B of a kernel change in one process."""
+    from sklearn_cuwide import _kernels
+
+    name, _, rest = spec.partition("=")
+    folder, *macros = rest.split("+")
+    d = Path(folder).resolve()
+    if not (d / "cuwide_common.cuh").is_file():
+        raise SystemExit(f"variant {name}: no kernel sources in {d}")
+    _kernels.source_dir = lambda: d
+    _kernels.NVRTC_OPTIONS = ("-std=c++17",) + tuple(f"-D{m}" for m in macros)
+    # each variant keeps its compiled kernels (and warm-up) for the next round
+    _kernels._CACHE = _VARIANT_CACHE.setdefault(spec, ({}, set()))[0]
+    ctx.warmed = _VARIANT_CACHE[spec][1]
+    print(f"variant {name}: {d} {' '.join(macros)}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--clusters", default="1,2,4,8")
@@ -52,6 +73,13 @@ def main(argv=None):
                          "loads (skip bit 16) instead of streaming ones, run right after it")
     ap.add_argument("--torch-lr-seeds", default="",
                     help="seeds of PyTorch LR runs (the suite's LR baseline), comma separated")
+    ap.add_argument("--variants", default="",
+                    help="A/B of kernel sources: name=DIR[+MACRO=V...], comma separated "
+                         "(DIR holds the .cu/.cuh files; the macros go to NVRTC as -D), "
+                         "each running the suite's LR row (and FM16's with --variant-fm) "
+                         "per seed of --seeds, alternating, --variant-rounds times")
+    ap.add_argument("--variant-rounds", type=int, default=2)
+    ap.add_argument("--variant-fm", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -132,6 +160,21 @@ def main(argv=None):
                         r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, concurrency=conc,
                                           seed=seed, scale_penalty=scaled,
                                           opts={"skip": 16} if plain else None, **l2)
+                        show(tag, r)
+                    except Exception as exc:
+                        print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+    variants = [v for v in a.variants.split(",") if v]
+    for rnd in range(a.variant_rounds if variants else 0):
+        for spec in variants:
+            use_sources(ctx, spec)
+            for seed in [int(x) for x in a.seeds.split(",") if x]:
+                for k in (0, 16) if a.variant_fm else (0,):
+                    l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
+                    tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}"
+                    try:
+                        r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, seed=seed,
+                                          concurrency="max" if k else "auto",
+                                          scale_penalty=bool(k) or None, **l2)
                         show(tag, r)
                     except Exception as exc:
                         print(f"{tag}: ERROR {ra._err(exc)}", flush=True)

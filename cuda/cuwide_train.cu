@@ -44,6 +44,18 @@
 
 using namespace cuwide;
 
+// Cold LR feature segments one lane works on at once (their gathers in
+// flight together), binary; fewer with more outputs (registers)
+#ifndef CUWIDE_LR_COLD_SEGMENTS
+#define CUWIDE_LR_COLD_SEGMENTS 4
+#endif
+// Nonzeros one thread aggregates at once (binary LR)
+#ifndef CUWIDE_LR_AGG_UNROLL
+#define CUWIDE_LR_AGG_UNROLL 4
+#endif
+#define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
+  ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
+
 template <int MODEL, int NOUT, int NF>
 struct Shape {
   static constexpr int HW = MODEL == FM ? NF + 1 : NOUT;   // model floats per feature
@@ -97,7 +109,8 @@ template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
 __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4) : (NOUT > 4 ? 1 : 4);
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4)
+                                      : (NOUT > 4 ? 1 : NOUT > 2 ? 4 : CUWIDE_LR_AGG_UNROLL);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
@@ -451,37 +464,179 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         }
       }
 
-      // ---------------- apply, cold tile: one group per feature segment ----------------
-      for (long long base = c0; base < ((skip & 4) ? c0 : c1); base += bd) {
-        const long long i = base + tid;
-        const bool head = i < c1 && (i == c0 || feat[i] != feat[i - 1]);
-        const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
-        const int wpos = __popc(bal & ((1u << lane) - 1u));
-        if (lane == 0) wcount[warp] = __popc(bal);
-        __syncthreads();
-        if (warp == 0) {
-          const int v = lane < n_warps ? wcount[lane] : 0;
-          int incl = v;
+      // ---------------- apply, cold tile, LR: warp windows ----------------
+      // A warp takes windows of WIN = 32 * CU consecutive nonzeros.  The
+      // segments whose first nonzero (head) lies in a window are the window's:
+      // their heads are dealt to the warp's lanes, up to CU each, and a lane
+      // issues the loads of all its segments before it uses the first, so CU
+      // chains of dependent gathers are in flight per lane.  Every segment
+      // belongs to exactly one window and windows need no block barrier.  A
+      // segment is summed in the order of its nonzeros, as the CPU backend does.
+      if constexpr (MODEL == LINEAR) {
+        constexpr int CU = CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT);
+        constexpr int WIN = 32 * CU;
+        for (long long wb = c0 + (long long)warp * WIN; wb < ((skip & 4) ? c0 : c1);
+             wb += (long long)n_warps * WIN) {
+          int fr[CU], cnt[CU];
+          unsigned bal[CU];
 #pragma unroll
-          for (int off = 1; off < 32; off <<= 1) {
-            const int o = __shfl_up_sync(CUWIDE_FULL_MASK, incl, off);
-            if (lane >= off) incl += o;
+          for (int u = 0; u < CU; ++u) {
+            const long long i = wb + u * 32 + lane;
+            fr[u] = i < c1 ? feat[i] : -1;
           }
-          if (lane < n_warps) wcount[lane] = incl - v;
-          if (lane == 31) wcount[32] = incl;
+          // the feature before the window (ids are >= 0; -2: none, so c0 is a head)
+          const int fprev = (lane == 0 && wb > c0) ? feat[wb - 1] : -2;
+          int total = 0;
+#pragma unroll
+          for (int u = 0; u < CU; ++u) {
+            int up = __shfl_up_sync(CUWIDE_FULL_MASK, fr[u], 1);
+            const int carry = __shfl_sync(CUWIDE_FULL_MASK, u > 0 ? fr[u > 0 ? u - 1 : 0] : fprev,
+                                          u > 0 ? 31 : 0);
+            if (lane == 0) up = carry;
+            const long long i = wb + u * 32 + lane;
+            bal[u] = __ballot_sync(CUWIDE_FULL_MASK, i < c1 && fr[u] != up);
+            cnt[u] = __popc(bal[u]);
+            total += cnt[u];
+          }
+          const long long wend = wb + WIN < c1 ? wb + WIN : c1;
+          // head h = lane + 32 kk of the window: its feature, first nonzero,
+          // nonzeros inside the window, and whether it runs past the window
+          int hf[CU], hn[CU];
+          long long hp[CU];
+#pragma unroll
+          for (int kk = 0; kk < CU; ++kk) {
+            const int h = lane + 32 * kk;
+            int s = 0, r = h;  // sub-window (32 nonzeros) and rank in it
+#pragma unroll
+            for (int u = 0; u < CU - 1; ++u)
+              if (s == u && r >= cnt[u]) {
+                s = u + 1;
+                r -= cnt[u];
+              }
+            unsigned bs = 0u;
+#pragma unroll
+            for (int u = 0; u < CU; ++u)
+              if (s == u) bs = bal[u];
+            // position of the r-th set bit of bs
+            int bit = 0;
+            if (h < total) {
+#pragma unroll
+              for (int half = 16; half > 0; half >>= 1) {
+                const int c = __popc(bs & ((1u << half) - 1u));
+                if (r >= c) {
+                  r -= c;
+                  bs >>= half;
+                  bit += half;
+                }
+              }
+            }
+            int f = -1;
+#pragma unroll
+            for (int u = 0; u < CU; ++u) {
+              const int t = __shfl_sync(CUWIDE_FULL_MASK, fr[u], bit);
+              if (s == u) f = t;
+            }
+            // the next head of the window after this one, or the window's end
+            int end = WIN;
+#pragma unroll
+            for (int u = CU - 1; u >= 0; --u) {
+              const unsigned above = u > s ? bal[u]
+                                     : (u == s && bit < 31) ? (bal[u] & (~0u << (bit + 1)))
+                                                            : 0u;
+              if (above) end = u * 32 + __ffs(above) - 1;
+            }
+            hp[kk] = wb + s * 32 + bit;
+            hn[kk] = (int)((end < WIN ? wb + end : wend) - hp[kk]);
+            hf[kk] = h < total ? f : -1;
+          }
+          // every gather of the lane's segments first: the model, then the rows
+          float ps[CU], w_old[CU][NOUT], G_old[CU][NOUT], gs[CU][NOUT];
+          int r1[CU];
+          float x1[CU];
+#pragma unroll
+          for (int kk = 0; kk < CU; ++kk) {
+            const int f = hf[kk] < 0 ? 0 : hf[kk];
+            const bool ok = hf[kk] >= 0;
+            ps[kk] = (ok && pscale) ? pscale[(long long)f * pstride] : 1.f;
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) {
+              w_old[kk][o] = (ok && l2w != 0.f) ? w[(long long)f * NOUT + o] : 0.f;
+              G_old[kk][o] = ok ? load_acc<SOLVER>(gw + (long long)f * gstride + o) : 0.f;
+            }
+            r1[kk] = ok ? (int)last_read(row + hp[kk], plain) : 0;
+            x1[kk] = ok ? last_read(val + hp[kk], plain) : 0.f;
+          }
+#pragma unroll
+          for (int kk = 0; kk < CU; ++kk) {
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o) gs[kk][o] = acc[r1[kk] * RS + o] * x1[kk];
+          }
+          // the segments' other nonzeros (a cold feature is in few rows of a tile)
+#pragma unroll
+          for (int kk = 0; kk < CU; ++kk) {
+            if (hf[kk] < 0) continue;
+            long long q = hp[kk] + 1;
+            for (const long long qe = hp[kk] + hn[kk]; q < qe; ++q) {
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
+#pragma unroll
+              for (int o = 0; o < NOUT; ++o) gs[kk][o] += acc[r * RS + o] * x;
+            }
+            if (q == wend && wend < c1) {  // the segment runs past the window
+              for (; q < c1 && feat[q] == hf[kk]; ++q) {
+                const int r = last_read(row + q, plain);
+                const float x = last_read(val + q, plain);
+#pragma unroll
+                for (int o = 0; o < NOUT; ++o) gs[kk][o] += acc[r * RS + o] * x;
+              }
+            }
+          }
+#pragma unroll
+          for (int kk = 0; kk < CU; ++kk) {
+            if (hf[kk] < 0) continue;
+            const long long f = hf[kk];
+            const float sc = fscale ? fscale[f] : 1.f;
+            const float l2wf = l2w * ps[kk], l1f = l1 * ps[kk];
+#pragma unroll
+            for (int o = 0; o < NOUT; ++o)
+              update_param<SOLVER>(w + f * NOUT + o, gw + f * gstride + o,
+                                   gs[kk][o] + l2wf * w_old[kk][o], lr, eps, l1f, l2wf, sc,
+                                   G_old[kk][o]);
+          }
         }
-        __syncthreads();
-        if (head) heads[wcount[warp] + wpos] = (int)(i - base);
-        __syncthreads();
-        const int nh = wcount[32];
-        for (int j = gid; j < nh; j += ng) {
-          const long long p = base + heads[j];
-          const int f = feat[p];
-          const float sc = fscale ? fscale[f] : 1.f;
-          // the feature's penalties (scaled to the full objective's per epoch)
-          const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
-          const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
-          if (MODEL == FM) {
+      }
+
+      // ---------------- apply, cold tile, FM: one group per feature segment ----------------
+      if constexpr (MODEL == FM) {
+        for (long long base = c0; base < ((skip & 4) ? c0 : c1); base += bd) {
+          const long long i = base + tid;
+          const bool head = i < c1 && (i == c0 || feat[i] != feat[i - 1]);
+          const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
+          const int wpos = __popc(bal & ((1u << lane) - 1u));
+          if (lane == 0) wcount[warp] = __popc(bal);
+          __syncthreads();
+          if (warp == 0) {
+            const int v = lane < n_warps ? wcount[lane] : 0;
+            int incl = v;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+              const int o = __shfl_up_sync(CUWIDE_FULL_MASK, incl, off);
+              if (lane >= off) incl += o;
+            }
+            if (lane < n_warps) wcount[lane] = incl - v;
+            if (lane == 31) wcount[32] = incl;
+          }
+          __syncthreads();
+          if (head) heads[wcount[warp] + wpos] = (int)(i - base);
+          __syncthreads();
+          const int nh = wcount[32];
+          for (int j = gid; j < nh; j += ng) {
+            const long long p = base + heads[j];
+            const int f = feat[p];
+            const float sc = fscale ? fscale[f] : 1.f;
+            // the feature's penalties (scaled to the full objective's per epoch)
+            const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
+            const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
             float vk[KPL], gk[KPL], Gk[KPL];
             float gwv = 0.f;
 #pragma unroll
@@ -518,31 +673,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             if (lin)
               update_param<SOLVER>(w + f, gw + (long long)f * gstride, gwv + l2wf * w_old, lr,
                                    eps, l1f, l2wf, sc, Gw_old);
-          } else {
-            float gs[NOUT], w_old[NOUT], G_old[NOUT];
-#pragma unroll
-            for (int o = 0; o < NOUT; ++o) {
-              const long long pi = (long long)f * NOUT + o;
-              gs[o] = 0.f;
-              w_old[o] = l2w != 0.f ? w[pi] : 0.f;
-              G_old[o] = load_acc<SOLVER>(gw + (long long)f * gstride + o);
-            }
-            for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = last_read(row + q, plain);
-              const float x = last_read(val + q, plain);
-#pragma unroll
-              for (int o = 0; o < NOUT; ++o) gs[o] += acc[r * RS + o] * x;
-            }
-#pragma unroll
-            for (int o = 0; o < NOUT; ++o) {
-              const long long pi = (long long)f * NOUT + o;
-              update_param<SOLVER>(w + pi, gw + (long long)f * gstride + o,
-                                   gs[o] + l2wf * w_old[o], lr, eps, l1f,
-                                   l2wf, sc, G_old[o]);
-            }
           }
+          __syncthreads();
         }
-        __syncthreads();
       }
 
       // ---------------- flush the hot accumulators; intercept ----------------
