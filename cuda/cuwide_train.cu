@@ -45,13 +45,11 @@
 using namespace cuwide;
 
 // Cold LR feature segments one lane works on at once (their gathers in
-// flight together), binary; fewer with more outputs (registers)
+// flight together), binary; fewer with more outputs (registers).  Measured
+// on the H200 (benchmarks/results/2026-11-30_s7_cold_windows): 3 is the
+// most without register spills at 64 registers, and the fastest of 2/3/4.
 #ifndef CUWIDE_LR_COLD_SEGMENTS
-#define CUWIDE_LR_COLD_SEGMENTS 4
-#endif
-// Nonzeros one thread aggregates at once (binary LR)
-#ifndef CUWIDE_LR_AGG_UNROLL
-#define CUWIDE_LR_AGG_UNROLL 4
+#define CUWIDE_LR_COLD_SEGMENTS 3
 #endif
 #define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
   ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
@@ -109,8 +107,7 @@ template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
 __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4)
-                                      : (NOUT > 4 ? 1 : NOUT > 2 ? 4 : CUWIDE_LR_AGG_UNROLL);
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4) : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
