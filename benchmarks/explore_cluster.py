@@ -76,10 +76,12 @@ def main(argv=None):
     ap.add_argument("--variants", default="",
                     help="A/B of kernel sources: name=DIR[+MACRO=V...], comma separated "
                          "(DIR holds the .cu/.cuh files; the macros go to NVRTC as -D), "
-                         "each running the suite's LR row (and FM16's with --variant-fm) "
+                         "each running the suite's LR row and/or FM16's (--variant-models) "
                          "per seed of --seeds, alternating, --variant-rounds times")
     ap.add_argument("--variant-rounds", type=int, default=2)
-    ap.add_argument("--variant-fm", action="store_true")
+    ap.add_argument("--variant-models", default="lr",
+                    help="lr, fm or lr,fm: the suite's LR adagrad row (concurrency=auto) "
+                         "and its FM16 row (concurrency=max, scale_penalty)")
     ap.add_argument("--out", default="benchmarks/results/device/explore_cluster")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -168,7 +170,7 @@ def main(argv=None):
         for spec in variants:
             use_sources(ctx, spec)
             for seed in [int(x) for x in a.seeds.split(",") if x]:
-                for k in (0, 16) if a.variant_fm else (0,):
+                for k in [{"lr": 0, "fm": 16}[m] for m in a.variant_models.split(",")]:
                     l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
                     tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}"
                     try:

@@ -9,7 +9,7 @@
 #   systems:  only the suite's floors, systems and real-data parts (~5 minutes)
 #   packed:   the kernel tests, memcheck and racecheck of the scaled
 #             configurations, and LR/FM lazy vs scaled over 3 seeds (~4 minutes)
-#   ab:       a kernel change: the kernel tests, memcheck, then the A/B of
+#   ab, ab-full: a kernel change (ab-full: every gpu test, and racecheck -k "$RK"): the kernel tests, memcheck, then the A/B of
 #             kernel sources in VARIANTS (explore_cluster.py --variants; the
 #             old sources copied to an untracked folder) and the LR stage times
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
@@ -68,14 +68,22 @@ if [[ $what == *packed* ]]; then
   step penalty python benchmarks/explore_cluster.py --clusters "" --penalty --seeds 0,1,2 \
     --out "$OUT/penalty"
 fi
-if [[ $what == ab ]]; then
-  step kernel_tests python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py
+if [[ $what == ab* ]]; then
+  if [[ $what == ab-full ]]; then  # every gpu test, and racecheck (RK) too
+    step gpu_tests python -m pytest -q -p no:cacheprovider -m gpu tests
+  else
+    step kernel_tests python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py
+  fi
+  step ab python benchmarks/explore_cluster.py --clusters "" --variants "$VARIANTS" \
+    --seeds "${SEEDS:-0}" --variant-rounds "${ROUNDS:-2}" --variant-models "${MODELS:-lr}" \
+    --out "$OUT/ab"
   K='epoch_matches_reference or all_hot or classic or fused or (cluster and (fm8 or lr-adagrad or mlr or edge))'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$K"
-  step ab python benchmarks/explore_cluster.py --clusters "" --variants "$VARIANTS" \
-    --seeds "${SEEDS:-0}" --variant-rounds "${ROUNDS:-2}" --out "$OUT/ab"
-  step stages python benchmarks/explore_gpu.py --models LR --no-quality --out "$OUT/stages"
+  [[ $what == ab-full ]] && step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$RK"
+  [[ -n ${STAGES-LR} ]] && step stages python benchmarks/explore_gpu.py --models "${STAGES-LR}" \
+    --no-quality --out "$OUT/stages"
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \
