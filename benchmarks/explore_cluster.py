@@ -79,6 +79,10 @@ def main(argv=None):
                          "each running the suite's LR row and/or FM16's (--variant-models) "
                          "per seed of --seeds, alternating, --variant-rounds times")
     ap.add_argument("--variant-rounds", type=int, default=2)
+    ap.add_argument("--lr-staleness", default="",
+                    help="the suite's LR adagrad row (concurrency=auto) with these step "
+                         "policies under concurrency (none, sqrt, full, cap-auto, capC), "
+                         "comma separated, per seed of --seeds")
     ap.add_argument("--variant-models", default="lr",
                     help="lr, fm or lr,fm: the suite's LR adagrad row (concurrency=auto) "
                          "and its FM16 row (concurrency=max, scale_penalty)")
@@ -104,7 +108,9 @@ def main(argv=None):
         aucs = [c.get("test_auc") for c in r["curve"]]
         print(f"{tag:28s} epoch {r['epoch_ms']:9.3f} ms  first {r['first_epoch_ms']:9.1f} ms  "
               f"workers {r.get('blocks', '-')}  AUC/epoch "
-              + " ".join(f"{x:.4f}" for x in aucs if x is not None), flush=True)
+              + " ".join(f"{x:.4f}" for x in aucs if x is not None) + "  logloss/epoch "
+              + " ".join(f"{c['test_logloss']:.4f}" for c in r["curve"]
+                         if c.get("test_logloss") is not None), flush=True)
         rows.append(dict(tag=tag, epoch_ms=r["epoch_ms"], epoch_ms_list=r["epoch_ms_list"],
                          first_epoch_ms=r["first_epoch_ms"], workers=r.get("blocks"),
                          cluster=r.get("cluster"), concurrency=r.get("concurrency"),
@@ -165,6 +171,17 @@ def main(argv=None):
                         show(tag, r)
                     except Exception as exc:
                         print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+    for stale in [x for x in a.lr_staleness.split(",") if x]:
+        pol = {"none": False, "full": True}.get(stale, stale)
+        for seed in [int(x) for x in a.seeds.split(",") if x]:
+            tag = f"LR staleness={stale} seed={seed}"
+            try:
+                r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
+                                  epochs=a.epochs, seed=seed, concurrency="auto",
+                                  opts={"staleness": pol})
+                show(tag, r)
+            except Exception as exc:
+                print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
     variants = [v for v in a.variants.split(",") if v]
     for rnd in range(a.variant_rounds if variants else 0):
         for spec in variants:

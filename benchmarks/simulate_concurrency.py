@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sklearn.metrics import roc_auc_score  # noqa: E402
+from sklearn.metrics import log_loss, roc_auc_score  # noqa: E402
 
 from sklearn_cuwide._backends import _cpu  # noqa: E402
 from sklearn_cuwide._solvers import batch_weights  # noqa: E402
@@ -113,6 +113,9 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--beta", type=float, default=3e-4)
     ap.add_argument("--ramp", type=int, default=32)
+    ap.add_argument("--prior-intercept", action="store_true",
+                    help="start the intercept at the training labels' log-odds (as the "
+                         "suite's kernel rows do)")
     ap.add_argument("--scale-penalty", action="store_true",
                     help="the penalty scaled per feature (StepParams.penalty_scaled)")
     ap.add_argument("--policies", default="sequential,sum,sqrt,linear",
@@ -138,8 +141,11 @@ def main():
     for policy in args.policies.split(","):
         st = ModelState.zeros(X.shape[1], 1, k, adagrad=True, init_scale=0.01, random_state=0)
         st = st.permute_features(L.feature_order)
+        if args.prior_intercept:
+            p1 = float(np.clip(np.mean(ytr), 1e-6, 1 - 1e-6))
+            st.b[:] = np.log(p1 / (1 - p1))
         rng = np.random.default_rng(0)
-        aucs = []
+        aucs, lls, bs = [], [], []
         t0 = time.perf_counter()
         for ep in range(args.epochs):
             order = rng.permutation(L.n_batches)
@@ -151,9 +157,13 @@ def main():
             h = st.permute_features(L.feature_rank)
             d = _cpu.decision_function(Xte, h.w, h.b, h.V)[:, 0]
             aucs.append(roc_auc_score(yte, d))
+            lls.append(log_loss(yte, 1.0 / (1.0 + np.exp(-d))))
+            bs.append(float(st.b[0]))
         print(f"{policy:>10} P={args.blocks} lr={args.lr} beta={args.beta} ramp={args.ramp}"
               f"{' scaled' if args.scale_penalty else ''}: "
-              f"AUC/epoch {' '.join('%.4f' % a for a in aucs)} ({time.perf_counter()-t0:.0f}s)",
+              f"AUC/epoch {' '.join('%.4f' % a for a in aucs)} "
+              f"logloss/epoch {' '.join('%.4f' % v for v in lls)} "
+              f"intercept/epoch {' '.join('%.3f' % v for v in bs)} ({time.perf_counter()-t0:.0f}s)",
               flush=True)
 
 

@@ -54,12 +54,6 @@ using namespace cuwide;
 #define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
   ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
 
-// Cold FM feature segments one group of lanes works on at once, when a lane
-// holds one factor (n_factors <= 32)
-#ifndef CUWIDE_FM_COLD_SEGMENTS
-#define CUWIDE_FM_COLD_SEGMENTS 2
-#endif
-
 template <int MODEL, int NOUT, int NF>
 struct Shape {
   static constexpr int HW = MODEL == FM ? NF + 1 : NOUT;   // model floats per feature
@@ -611,7 +605,6 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 
       // ---------------- apply, cold tile, FM: one group per feature segment ----------------
       if constexpr (MODEL == FM) {
-        constexpr int SEG = KPL == 1 ? CUWIDE_FM_COLD_SEGMENTS : 1;
         for (long long base = c0; base < ((skip & 4) ? c0 : c1); base += bd) {
           const long long i = base + tid;
           const bool head = i < c1 && (i == c0 || feat[i] != feat[i - 1]);
@@ -634,78 +627,49 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           if (head) heads[wcount[warp] + wpos] = (int)(i - base);
           __syncthreads();
           const int nh = wcount[32];
-          // SEG segments per group at once: all their gathers (the model, the
-          // first nonzero) are issued before the first is used
-          for (int j0 = gid; j0 < nh; j0 += SEG * ng) {
-            long long p[SEG];
-            int f[SEG], r1[SEG];
-            float x1[SEG], ps[SEG], w_old[SEG], Gw_old[SEG], gwv[SEG];
-            float vk[SEG][KPL], gk[SEG][KPL], Gk[SEG][KPL];
+          for (int j = gid; j < nh; j += ng) {
+            const long long p = base + heads[j];
+            const int f = feat[p];
+            const float sc = fscale ? fscale[f] : 1.f;
+            // the feature's penalties (scaled to the full objective's per epoch)
+            const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
+            const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
+            float vk[KPL], gk[KPL], Gk[KPL];
+            float gwv = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              const long long pi = (long long)f * NF + k;
+              vk[kk] = k < NF ? V[pi] : 0.f;
+              Gk[kk] = k < NF ? load_acc<SOLVER>(gV + pi) : 0.f;
+              gk[kk] = 0.f;
+            }
             const bool lin = gl == 0 && fit_linear;
-#pragma unroll
-            for (int sg = 0; sg < SEG; ++sg) {
-              const int j = j0 + sg * ng;
-              p[sg] = j < nh ? base + heads[j] : base;
-              f[sg] = j < nh ? feat[p[sg]] : -1;
-            }
-#pragma unroll
-            for (int sg = 0; sg < SEG; ++sg) {
-              const bool ok = f[sg] >= 0;
-              const long long fs = ok ? f[sg] : 0;
-              // the feature's penalties (scaled to the full objective's per epoch)
-              ps[sg] = (ok && pscale) ? pscale[fs * pstride] : 1.f;
+            const float w_old = lin ? w[f] : 0.f;
+            const float Gw_old = lin ? load_acc<SOLVER>(gw + (long long)f * gstride) : 0.f;
+            for (long long q = p; q < c1 && feat[q] == f; ++q) {
+              const int r = last_read(row + q, plain);
+              const float x = last_read(val + q, plain);
+              const float ex = acc[r * RS + NF] * x;
+              gwv += ex;
 #pragma unroll
               for (int kk = 0; kk < KPL; ++kk) {
                 const int k = gl + kk * G;
-                const long long pi = fs * NF + k;
-                vk[sg][kk] = (ok && k < NF) ? V[pi] : 0.f;
-                Gk[sg][kk] = (ok && k < NF) ? load_acc<SOLVER>(gV + pi) : 0.f;
-                gk[sg][kk] = 0.f;
-              }
-              w_old[sg] = (ok && lin) ? w[fs] : 0.f;
-              Gw_old[sg] = (ok && lin) ? load_acc<SOLVER>(gw + fs * gstride) : 0.f;
-              gwv[sg] = 0.f;
-              r1[sg] = ok ? (int)last_read(row + p[sg], plain) : 0;
-              x1[sg] = ok ? last_read(val + p[sg], plain) : 0.f;
-            }
-            // each segment's nonzeros in order: the first (loaded above), then the rest
-#pragma unroll
-            for (int sg = 0; sg < SEG; ++sg) {
-              if (f[sg] < 0) continue;
-              int r = r1[sg];
-              float x = x1[sg];
-              for (long long q = p[sg];;) {
-                const float ex = acc[r * RS + NF] * x;
-                gwv[sg] += ex;
-#pragma unroll
-                for (int kk = 0; kk < KPL; ++kk) {
-                  const int k = gl + kk * G;
-                  if (k < NF) gk[sg][kk] += ex * (acc[r * RS + k] - vk[sg][kk] * x);
-                }
-                if (++q >= c1 || feat[q] != f[sg]) break;
-                r = last_read(row + q, plain);
-                x = last_read(val + q, plain);
+                if (k < NF) gk[kk] += ex * (acc[r * RS + k] - vk[kk] * x);
               }
             }
 #pragma unroll
-            for (int sg = 0; sg < SEG; ++sg) {
-              if (f[sg] < 0) continue;
-              const long long fs = f[sg];
-              const float sc = fscale ? fscale[fs] : 1.f;
-              const float l2wf = l2w * ps[sg], l2vf = l2v * ps[sg], l1f = l1 * ps[sg];
-#pragma unroll
-              for (int kk = 0; kk < KPL; ++kk) {
-                const int k = gl + kk * G;
-                if (k < NF) {
-                  const long long pi = fs * NF + k;
-                  update_param<SOLVER>(V + pi, gV + pi, gk[sg][kk] + l2vf * vk[sg][kk], lr, eps,
-                                       0.f, l2vf, sc, Gk[sg][kk]);
-                }
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              if (k < NF) {
+                const long long pi = (long long)f * NF + k;
+                update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2vf * vk[kk], lr, eps, 0.f,
+                                     l2vf, sc, Gk[kk]);
               }
-              if (lin)
-                update_param<SOLVER>(w + fs, gw + fs * gstride, gwv[sg] + l2wf * w_old[sg], lr,
-                                     eps, l1f, l2wf, sc, Gw_old[sg]);
             }
+            if (lin)
+              update_param<SOLVER>(w + f, gw + (long long)f * gstride, gwv + l2wf * w_old, lr,
+                                   eps, l1f, l2wf, sc, Gw_old);
           }
           __syncthreads();
         }
