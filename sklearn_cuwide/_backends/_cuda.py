@@ -230,7 +230,10 @@ class DeviceLayout:
         A feature present in a fraction ``q`` of the mini-batches is updated
         by about ``1 + (P - 1) q`` blocks from the same stale weights; its
         step is divided by that (staleness-aware asynchronous SGD).  Returns
-        (device array in layout order, scale of the intercept).
+        (device array in layout order, the number of leading features that
+        it damps, scale of the intercept): every feature from that index on
+        has a scale of 1, so the kernel reads no scale for it (with a cap,
+        these are the cold features, which few blocks update at once).
         """
         P = int(n_concurrent)
         key = (P, float(power), cap)
@@ -243,8 +246,10 @@ class DeviceLayout:
                 s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
             else:
                 s, sb = updaters ** (-power), float(P) ** -power
+            damped = cp.flatnonzero(s < 1.0)
+            n_scaled = int(damped[-1]) + 1 if damped.size else 0
             # one level kept: 4 bytes per feature, not 4 per level of the ramp
-            self._scale = (key, (s.astype(cp.float32), sb))
+            self._scale = (key, (s.astype(cp.float32), n_scaled, sb))
         return self._scale[1]
 
     def penalty_scale(self):
@@ -606,12 +611,12 @@ def run_epoch(
         g = min(g, n_work)
         if staleness and g > 1:
             if cap is not None:
-                fscale, bscale = dl.concurrency_scale(g, cap=cap)
+                fscale, n_scaled, bscale = dl.concurrency_scale(g, cap=cap)
             else:
                 power = 0.5 if staleness == "sqrt" else 1.0
-                fscale, bscale = dl.concurrency_scale(g, power)
+                fscale, n_scaled, bscale = dl.concurrency_scale(g, power)
         else:
-            fscale, bscale = null, 1.0
+            fscale, n_scaled, bscale = null, 0, 1.0
         feat, row, val = arrays
         cl = cluster_of(g)
         kernel_of(cl)(
@@ -628,8 +633,8 @@ def run_epoch(
                 np.float32(params.learning_rate), np.float32(params.l2_w),
                 np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
                 np.int32(params.fit_intercept), np.int32(params.fit_linear),
-                fscale, np.float32(bscale), pscale, np.int32(gstride), np.int32(pstride),
-                np.int32(skip),
+                fscale, np.int32(n_scaled), np.float32(bscale),
+                pscale, np.int32(gstride), np.int32(pstride), np.int32(skip),
                 loss,
             ),
             shared_mem=smem,
