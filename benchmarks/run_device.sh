@@ -12,6 +12,9 @@
 #   ab, ab-full: a kernel change (ab-full: every gpu test, and racecheck -k "$RK"): the kernel tests, memcheck, then the A/B of
 #             kernel sources in VARIANTS (explore_cluster.py --variants; the
 #             old sources copied to an untracked folder) and the LR stage times
+#   lr-cap:   branch lr-cap-auto: the kernel tests, memcheck, and LR adagrad
+#             with the step policies none / cap-auto / cap44 over 3 seeds
+#             (epoch time, AUC and logloss per epoch; ~4 minutes)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
 #   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
@@ -84,6 +87,14 @@ if [[ $what == ab* ]]; then
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$RK"
   [[ -n ${STAGES-LR} ]] && step stages python benchmarks/explore_gpu.py --models "${STAGES-LR}" \
     --no-quality --out "$OUT/stages"
+fi
+if [[ $what == lr-cap ]]; then
+  step kernel_tests python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py \
+    -k "concurrency_scale or hogwild or epoch_matches_reference"
+  step staleness python benchmarks/explore_cluster.py --clusters "" \
+    --lr-staleness none,cap-auto,cap44 --seeds 0,1,2 --out "$OUT/staleness"
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \

@@ -443,14 +443,15 @@ def cluster_for(workers):
 
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200
-    (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
-    nothing for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs
-    its concurrent steps divided by sqrt(#updaters); the FM's hot factors
-    take undamped steps from up to C = max(4, P / 11) expected concurrent
-    updaters and steps scaled by C / updaters beyond (``"cap-auto"``)."""
-    if params.model == "fm":
-        return "cap-auto"
-    return "sqrt" if params.solver == "sgd" else False
+    (``benchmarks/results/2026-11-30_policies/``) and in the CPU model of the
+    concurrency (``2026-11-30_s7_lr_staleness_sim/``): LR with plain sgd (a
+    step of 1 / L) needs its concurrent steps divided by sqrt(#updaters);
+    with Adagrad, LR and the FM's features take undamped steps from up to
+    C = max(4, P / 11) expected concurrent updaters and steps scaled by
+    C / updaters beyond (``"cap-auto"``).  Plain lock-free sums keep LR's AUC
+    but not its logloss: the features in every row and the intercept take
+    P steps from the same stale weights, and the margins overshoot."""
+    return "sqrt" if params.solver == "sgd" else "cap-auto"
 
 
 def staleness_cap(staleness, n_blocks):
