@@ -12,6 +12,8 @@
 #   ab, ab-full: a kernel change (ab-full: every gpu test, and racecheck -k "$RK"): the kernel tests, memcheck, then the A/B of
 #             kernel sources in VARIANTS (explore_cluster.py --variants; the
 #             old sources copied to an untracked folder) and the LR stage times
+#   profile:  Nsight Compute (--set full) on one resident epoch of the suite's
+#             LR and FM16 rows (benchmarks/profile_epoch.py; PROFILE_MODELS)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
 #   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
@@ -84,6 +86,13 @@ if [[ $what == ab* ]]; then
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$RK"
   [[ -n ${STAGES-LR} ]] && step stages python benchmarks/explore_gpu.py --models "${STAGES-LR}" \
     --no-quality --out "$OUT/stages"
+fi
+if [[ $what == profile ]]; then
+  for m in ${PROFILE_MODELS:-lr fm}; do
+    step "ncu_$m" ncu --profile-from-start off --clock-control none --set full \
+      -o "$OUT/ncu_$m" -f python benchmarks/profile_epoch.py --model "$m"
+    ncu --import "$OUT/ncu_$m.ncu-rep" --page details > "$OUT/ncu_$m.txt" 2>&1
+  done
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \
