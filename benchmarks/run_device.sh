@@ -15,6 +15,8 @@
 #   lr-cap:   branch lr-cap-auto: the kernel tests, memcheck, and LR adagrad
 #             with the step policies none / cap-auto / cap44 over 3 seeds
 #             (epoch time, AUC and logloss per epoch; ~4 minutes)
+#   profile:  Nsight Compute (--set full) on one resident epoch of the suite's
+#             LR and FM16 rows (benchmarks/profile_epoch.py; PROFILE_MODELS)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
 #             the generated rows; timing only), merged into suite/ afterwards
 #   scaling-xl: only the rows points past 64M (SCALE_ROWS, default 128M), to be
@@ -95,6 +97,13 @@ if [[ $what == lr-cap ]]; then
     -k "concurrency_scale or hogwild or epoch_matches_reference"
   step staleness python benchmarks/explore_cluster.py --clusters "" \
     --lr-staleness none,cap-auto,cap44 --seeds 0,1,2 --out "$OUT/staleness"
+fi
+if [[ $what == profile ]]; then
+  for m in ${PROFILE_MODELS:-lr fm}; do
+    step "ncu_$m" ncu --profile-from-start off --clock-control none --set full \
+      -o "$OUT/ncu_$m" -f python benchmarks/profile_epoch.py --model "$m"
+    ncu --import "$OUT/ncu_$m.ncu-rep" --page details > "$OUT/ncu_$m.txt" 2>&1
+  done
 fi
 if [[ $what == *scaling-large* ]]; then
   step scaling_large python benchmarks/run_all.py --gpu --parts floors,scaling \

@@ -168,16 +168,22 @@ def test_cluster_rejects_other_sizes(cuda):
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
 @pytest.mark.parametrize(
     "switch",
-    ["stream", "no_hot", "no_replicas", "acc_global", "device_tiles"],
+    ["stream", "no_hot", "no_hot_long", "no_replicas", "acc_global", "device_tiles"],
 )
 def test_switches_match_reference(cuda, cfg, switch):
-    """Streaming through two buffers and each ablation switch compute the same."""
+    """Streaming through two buffers and each ablation switch compute the same.
+
+    ``no_hot_long``: 300-row sample blocks and no hot features, so the
+    feature in every row is a cold segment of 300 nonzeros, longer than the
+    LR cold apply's window of 96 (it is summed across windows)."""
     rng = np.random.default_rng()
     kw, put_kw, case_kw = {}, None, {}
     if switch == "stream":
         put_kw = dict(memory_budget=0, chunk_bytes=4096)
     elif switch == "no_hot":
         case_kw = dict(n_hot_max=0)
+    elif switch == "no_hot_long":
+        case_kw = dict(n_hot_max=0, batch_size=600, sample_block=300)
     elif switch == "no_replicas":
         kw = dict(n_rep=1)
     elif switch == "acc_global":
@@ -186,7 +192,7 @@ def test_switches_match_reference(cuda, cfg, switch):
         sb, nh = cuda.tile_shape(make_case(rng, cfg)[5], cfg[2], cfg[3], 256)
         case_kw = dict(batch_size=256, sample_block=sb, n_hot_max=nh)
     X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
-    if switch == "no_hot":
+    if switch.startswith("no_hot"):
         assert layout.n_hot == 0
     dl = _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=put_kw, **kw)
     if switch == "stream":
