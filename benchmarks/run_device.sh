@@ -13,7 +13,7 @@
 #             kernel sources in VARIANTS (explore_cluster.py --variants; the
 #             old sources copied to an untracked folder) and the LR stage times
 #   lr-cap:   branch lr-cap-auto: the kernel tests, memcheck, and LR adagrad
-#             with the step policies none / cap-auto / cap44 over 3 seeds
+#             with the step policies none / cap-step / cap-auto over 3 seeds
 #             (epoch time, AUC and logloss per epoch; ~4 minutes)
 #   profile:  Nsight Compute (--set full) on one resident epoch of the suite's
 #             LR and FM16 rows (benchmarks/profile_epoch.py; PROFILE_MODELS)
@@ -96,7 +96,7 @@ if [[ $what == lr-cap ]]; then
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py \
     -k "concurrency_scale or hogwild or epoch_matches_reference"
   step staleness python benchmarks/explore_cluster.py --clusters "" \
-    --lr-staleness none,cap-auto,cap44 --seeds 0,1,2 --out "$OUT/staleness"
+    --lr-staleness none,cap-step,cap-auto --seeds 0,1,2 --out "$OUT/staleness"
 fi
 if [[ $what == profile ]]; then
   for m in ${PROFILE_MODELS:-lr fm}; do
