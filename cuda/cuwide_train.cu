@@ -17,9 +17,10 @@
 //              reduced across the lanes of a warp (segmented scan over the
 //              sorted feature ids) and added into n_rep replicated shared
 //              accumulators, flushed once per sample block.  Cold tile: one
-//              group of lanes per feature segment (the segment heads are
-//              compacted per chunk) sums the segment and updates the
-//              parameter in global memory directly.
+//              lane (LR: up to CUWIDE_LR_COLD_SEGMENTS segments of a warp's
+//              window at once) or one group of lanes (FM: the segment heads
+//              compacted per chunk) per feature segment sums the segment and
+//              updates the parameter in global memory directly.
 //   update     sgd / adagrad, L2 on the present features, L1 proximal step,
 //              fused into the flush and the cold apply; with pscale the
 //              penalties are scaled per feature (_layout.penalty_scale), and
