@@ -76,6 +76,9 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=4_000_000)
     ap.add_argument("--epoch-ms", default="LR=2.989,FM=33.017",
                     help="measured epoch times to divide by (suite run 9)")
+    ap.add_argument("--fm-hot", default="",
+                    help="also count the FM with these numbers of hot features, e.g. "
+                         "567,1000 (what a larger hot cache would save)")
     ap.add_argument("--bandwidth", type=float, default=4143.0,
                     help="GB/s, the device's copy bandwidth (suite run 9's floor)")
     a = ap.parse_args(argv)
@@ -88,9 +91,12 @@ def main(argv=None):
     X, _ = make_ctr_classification(n_samples=a.rows, n_features=2**22, model="fm",
                                    random_state=0)
     print(f"data {time.perf_counter() - t0:.0f} s", flush=True)
-    for name, k in (("LR", 0), ("FM", 16)):
+    runs = [("LR", 0, None), ("FM", 16, None)]
+    runs += [(f"FM with {h} hot", 16, int(h)) for h in a.fm_hot.split(",") if h]
+    for name, k, hot in runs:
         params = StepParams(model="fm" if k else "linear", loss="logistic", solver="adagrad")
         sb, nh = _cpu.tile_shape(params, 1, k, 1024)
+        nh = nh if hot is None else hot
         L = _cpu.build_layout(X, batch_size=1024, sample_block=sb, n_hot_max=nh,
                               shuffle=True, random_state=0)
         info, b = count(L, k)

@@ -505,8 +505,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             total += cnt[u];
           }
           const long long wend = wb + WIN < c1 ? wb + WIN : c1;
-          // head h = lane + 32 kk of the window: its feature, first nonzero,
-          // nonzeros inside the window, and whether it runs past the window
+          // head h = lane + 32 kk of the window: its feature, first nonzero and
+          // nonzeros inside the window (one that reaches the window's end may
+          // run past it: the sum below follows it there)
           int hf[CU], hn[CU];
           long long hp[CU];
 #pragma unroll
