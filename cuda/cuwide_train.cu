@@ -45,6 +45,14 @@
 
 using namespace cuwide;
 
+// Nonzeros of the LR hot apply whose loads are in flight ahead of the one
+// being reduced (1: the next one only).  An experiment (branch hot-prefetch):
+// the hot tile's nonzeros come from HBM, and one load ahead per lane may be
+// too few for its bandwidth.
+#ifndef CUWIDE_LR_HOT_PREFETCH
+#define CUWIDE_LR_HOT_PREFETCH 1
+#endif
+
 // Cold LR feature segments one lane works on at once (their gathers in
 // flight together), binary; fewer with more outputs (registers).  Measured
 // on the H200 (benchmarks/results/2026-11-30_s7_cold_windows): 3 is the
@@ -403,24 +411,38 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       const bool plain = skip & 16;  // ablation: the apply's last reads as plain loads
       if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
-        // software pipelined: the next nonzero's loads are in flight while
-        // this one is reduced
-        int f_n = -1, r_n = 0;
-        float x_n = 0.f;
-        if (h0 + gid < h1) {
-          f_n = last_read(feat + h0 + gid, plain);
-          r_n = last_read(row + h0 + gid, plain);
-          x_n = last_read(val + h0 + gid, plain);
+        // software pipelined: the loads of the next PD nonzeros of the group
+        // are in flight while this one is reduced (a queue in registers)
+        constexpr int PD = MODEL == LINEAR ? CUWIDE_LR_HOT_PREFETCH : 1;
+        int f_q[PD], r_q[PD];
+        float x_q[PD];
+#pragma unroll
+        for (int d = 0; d < PD; ++d) {
+          const long long i = h0 + (long long)d * ng + gid;
+          f_q[d] = -1;
+          r_q[d] = 0;
+          x_q[d] = 0.f;
+          if (i < h1) {
+            f_q[d] = last_read(feat + i, plain);
+            r_q[d] = last_read(row + i, plain);
+            x_q[d] = last_read(val + i, plain);
+          }
         }
         for (long long base = h0; base < h1; base += ng) {
           const bool active = base + gid < h1;
-          const int fa = f_n, r = r_n;
-          const float x = x_n;
-          const long long inext = base + ng + gid;
+          const int fa = f_q[0], r = r_q[0];
+          const float x = x_q[0];
+#pragma unroll
+          for (int d = 0; d + 1 < PD; ++d) {
+            f_q[d] = f_q[d + 1];
+            r_q[d] = r_q[d + 1];
+            x_q[d] = x_q[d + 1];
+          }
+          const long long inext = base + (long long)PD * ng + gid;
           if (inext < h1) {
-            f_n = last_read(feat + inext, plain);
-            r_n = last_read(row + inext, plain);
-            x_n = last_read(val + inext, plain);
+            f_q[PD - 1] = last_read(feat + inext, plain);
+            r_q[PD - 1] = last_read(row + inext, plain);
+            x_q[PD - 1] = last_read(val + inext, plain);
           }
           int f = active ? fa : -1;
           float c[MODEL == FM ? KPL + 1 : NOUT];
