@@ -52,6 +52,12 @@ using namespace cuwide;
 #ifndef CUWIDE_LR_HOT_PREFETCH
 #define CUWIDE_LR_HOT_PREFETCH 1
 #endif
+// The same for the FM when a lane holds one factor (n_factors <= 32): a
+// group of lanes shares one nonzero, so a warp has 32 / G nonzeros' loads
+// in flight per step ahead
+#ifndef CUWIDE_FM_HOT_PREFETCH
+#define CUWIDE_FM_HOT_PREFETCH 1
+#endif
 
 // Cold LR feature segments one lane works on at once (their gathers in
 // flight together), binary; fewer with more outputs (registers).  Measured
@@ -413,7 +419,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         // software pipelined: the loads of the next PD nonzeros of the group
         // are in flight while this one is reduced (a queue in registers)
-        constexpr int PD = MODEL == LINEAR ? CUWIDE_LR_HOT_PREFETCH : 1;
+        constexpr int PD = MODEL == LINEAR ? CUWIDE_LR_HOT_PREFETCH
+                         : KPL == 1 ? CUWIDE_FM_HOT_PREFETCH : 1;
         int f_q[PD], r_q[PD];
         float x_q[PD];
 #pragma unroll
