@@ -59,6 +59,12 @@ using namespace cuwide;
 #define CUWIDE_FM_HOT_PREFETCH 1
 #endif
 
+// Nonzeros a group of lanes aggregates at once in the FM when a lane holds
+// at most two factors (their loads and factor gathers in flight together)
+#ifndef CUWIDE_FM_AGG_UNROLL
+#define CUWIDE_FM_AGG_UNROLL 4
+#endif
+
 // Cold LR feature segments one lane works on at once (their gathers in
 // flight together), binary; fewer with more outputs (registers).  Measured
 // on the H200 (benchmarks/results/2026-11-30_s7_cold_windows): 3 is the
@@ -130,7 +136,7 @@ template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
 __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : 4) : (NOUT > 4 ? 1 : 4);
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : CUWIDE_FM_AGG_UNROLL) : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
