@@ -46,6 +46,30 @@ def use_sources(ctx, spec):
     print(f"variant {name}: {d} {' '.join(macros)}", flush=True)
 
 
+def ordered_loss(ctx, data, k, l2, n_batches):
+    """The summed training loss of one worker applying the first
+    ``n_batches`` mini-batches strictly in order, from a fresh model (the
+    suite's LR or FM16 settings): the same for every correct kernel variant,
+    to float rounding (the shared-memory sums' order is not fixed)."""
+    import numpy as np
+
+    from sklearn_cuwide._solvers import batch_weights
+
+    be = ctx.be
+    params = ra.make_params("fm" if k else "linear", k, "adagrad", "logistic",
+                            ra.LEARNING_RATE, l2[0], l2[1], bool(k) or None)
+    ra.warm_kernels(ctx, data, params, k)
+    sb, nh = be.tile_shape(params, 1, k, ra.BATCH)
+    L, _ = ctx.layout(data, ra.BATCH, sb, nh, 0)
+    dl = be.put_layout(L)
+    y = be.to_device(data.y[L.row_order].astype(np.float32))
+    sw = be.to_device(np.ones(L.n_rows, dtype=np.float32))
+    bw = batch_weights(L, np.ones(L.n_rows))
+    st = ra.fresh_state(ctx, data.d, k, True, 0.0, 0)
+    order = np.arange(min(int(n_batches), L.n_batches))
+    return float(be.run_epoch(dl, y, sw, bw, st, params, order, deterministic=True))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--clusters", default="1,2,4,8")
@@ -79,6 +103,10 @@ def main(argv=None):
                          "each running the suite's LR row and/or FM16's (--variant-models) "
                          "per seed of --seeds, alternating, --variant-rounds times")
     ap.add_argument("--variant-rounds", type=int, default=2)
+    ap.add_argument("--variant-check-batches", type=int, default=256,
+                    help="before a variant's timed runs: the loss of one worker, strictly "
+                         "in order, over this many mini-batches from a fresh model, against "
+                         "the first variant's (a broken variant shows here; 0: skip)")
     ap.add_argument("--lr-staleness", default="",
                     help="the suite's LR adagrad row (concurrency=auto) with these step "
                          "policies under concurrency (none, sqrt, full, cap-auto, capC), "
@@ -183,11 +211,30 @@ def main(argv=None):
             except Exception as exc:
                 print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
     variants = [v for v in a.variants.split(",") if v]
+    models = [{"lr": 0, "fm": 16}[m] for m in a.variant_models.split(",")]
+    first = {}
+    for spec in variants if a.variant_check_batches else ():
+        use_sources(ctx, spec)
+        for k in models:
+            l2 = (fa, fb) if k else (1.0 / (ra.C_LR * data.n), 0.0)
+            try:
+                loss = ordered_loss(ctx, data, k, l2, a.variant_check_batches)
+            except Exception as exc:  # the timed runs still tell
+                print(f"{spec}: check ERROR {ra._err(exc)}", flush=True)
+                continue
+            ref = first.setdefault(k, loss)
+            rel = abs(loss - ref) / abs(ref)
+            tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]}"
+            print(f"{tag:28s} in-order loss over {a.variant_check_batches} mini-batches "
+                  f"{loss:.9g} (relative difference to the first variant {rel:.1e}"
+                  f"{', OVER 1e-4' if rel > 1e-4 else ''})", flush=True)
+            rows.append(dict(tag=tag + " check", ordered_loss=loss, relative_difference=rel))
+            dump()
     for rnd in range(a.variant_rounds if variants else 0):
         for spec in variants:
             use_sources(ctx, spec)
             for seed in [int(x) for x in a.seeds.split(",") if x]:
-                for k in [{"lr": 0, "fm": 16}[m] for m in a.variant_models.split(",")]:
+                for k in models:
                     l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
                     tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}"
                     try:
