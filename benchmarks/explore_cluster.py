@@ -46,30 +46,6 @@ def use_sources(ctx, spec):
     print(f"variant {name}: {d} {' '.join(macros)}", flush=True)
 
 
-def ordered_loss(ctx, data, k, l2, n_batches):
-    """The summed training loss of one worker applying the first
-    ``n_batches`` mini-batches strictly in order, from a fresh model (the
-    suite's LR or FM16 settings): the same for every correct kernel variant,
-    to float rounding (the shared-memory sums' order is not fixed)."""
-    import numpy as np
-
-    from sklearn_cuwide._solvers import batch_weights
-
-    be = ctx.be
-    params = ra.make_params("fm" if k else "linear", k, "adagrad", "logistic",
-                            ra.LEARNING_RATE, l2[0], l2[1], bool(k) or None)
-    ra.warm_kernels(ctx, data, params, k)
-    sb, nh = be.tile_shape(params, 1, k, ra.BATCH)
-    L, _ = ctx.layout(data, ra.BATCH, sb, nh, 0)
-    dl = be.put_layout(L)
-    y = be.to_device(data.y[L.row_order].astype(np.float32))
-    sw = be.to_device(np.ones(L.n_rows, dtype=np.float32))
-    bw = batch_weights(L, np.ones(L.n_rows))
-    st = ra.fresh_state(ctx, data.d, k, True, 0.0, 0)
-    order = np.arange(min(int(n_batches), L.n_batches))
-    return float(be.run_epoch(dl, y, sw, bw, st, params, order, deterministic=True))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--clusters", default="1,2,4,8")
@@ -103,10 +79,10 @@ def main(argv=None):
                          "each running the suite's LR row and/or FM16's (--variant-models) "
                          "per seed of --seeds, alternating, --variant-rounds times")
     ap.add_argument("--variant-rounds", type=int, default=2)
-    ap.add_argument("--variant-check-batches", type=int, default=256,
-                    help="before a variant's timed runs: the loss of one worker, strictly "
-                         "in order, over this many mini-batches from a fresh model, against "
-                         "the first variant's (a broken variant shows here; 0: skip)")
+    ap.add_argument("--no-variant-check", action="store_true",
+                    help="skip the check before the variants' timed runs: one epoch of one "
+                         "worker, strictly in order, from a fresh model, its training loss "
+                         "against the first variant's (a broken variant shows there)")
     ap.add_argument("--lr-staleness", default="",
                     help="the suite's LR adagrad row (concurrency=auto) with these step "
                          "policies under concurrency (none, sqrt, full, cap-auto, capC), "
@@ -146,22 +122,29 @@ def main(argv=None):
                          test_logloss=r.get("test_logloss")))
         dump()
 
+    seeds = [int(x) for x in a.seeds.split(",") if x]
+
+    def penalty(k):  # the suite's: alpha / beta for the FM, C for LR
+        return dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
+
+    def run(tag, k, **kw):
+        """One run_kernel row; None (and the error printed) when it fails:
+        the other rows still tell."""
+        try:
+            r = ra.run_kernel(ctx, data, k=k, **{"epochs": a.epochs, **penalty(k), **kw})
+        except Exception as exc:
+            print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+            return None
+        if kw.get("evaluate", True):
+            show(tag, r)
+        return r
+
     for cl in [int(c) for c in a.clusters.split(",") if c]:
         for conc in a.concurrency.split(","):
             conc = conc if conc in ("max", "auto") else int(conc)
-            try:
-                r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs,
-                                  concurrency=conc, opts={"cluster": cl})
-                show(f"FM16 cluster={cl} conc={conc}", r)
-            except Exception as exc:  # keep going: the other sizes still tell
-                print(f"FM16 cluster={cl} conc={conc}: ERROR {ra._err(exc)}", flush=True)
+            run(f"FM16 cluster={cl} conc={conc}", 16, concurrency=conc, opts={"cluster": cl})
         if a.lr_too:
-            try:
-                r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
-                                  epochs=a.epochs, concurrency="auto", opts={"cluster": cl})
-                show(f"LR cluster={cl} conc=auto", r)
-            except Exception as exc:
-                print(f"LR cluster={cl}: ERROR {ra._err(exc)}", flush=True)
+            run(f"LR cluster={cl} conc=auto", 0, concurrency="auto", opts={"cluster": cl})
     for spec in [x for x in a.fm_runs.split(",") if x]:
         parts = spec.split(":")
         cl, grid, stale = int(parts[0]), int(parts[1]), parts[2]
@@ -170,80 +153,50 @@ def main(argv=None):
         flags = parts[3] if len(parts) > 3 else ""
         if "g" in flags:
             opts["acc_global"] = True
-        for seed in [int(x) for x in a.seeds.split(",") if x]:
-            tag = f"FM16 {spec}" + (f" seed={seed}" if seed else "")
-            try:
-                r = ra.run_kernel(ctx, data, k=16, l2_w=fa, l2_v=fb, epochs=a.epochs,
-                                  seed=seed, opts=opts, scale_penalty="s" in flags)
-                show(tag, r)
-            except Exception as exc:
-                print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+        for seed in seeds:
+            run(f"FM16 {spec}" + (f" seed={seed}" if seed else ""), 16, seed=seed, opts=opts,
+                scale_penalty="s" in flags)
     for grid in [int(g) for g in a.lr_grids.split(",") if g]:
-        try:
-            r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
-                              epochs=a.epochs + 2, opts={"grid": grid})
-            show(f"LR grid={grid}", r)
-        except Exception as exc:
-            print(f"LR grid={grid}: ERROR {ra._err(exc)}", flush=True)
-    for seed in [int(x) for x in a.seeds.split(",") if x] if a.penalty else ():
+        run(f"LR grid={grid}", 0, epochs=a.epochs + 2, opts={"grid": grid})
+    for seed in seeds if a.penalty else ():
         for k, conc in ((0, "auto"), (16, "max")):
-            l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
             for scaled in (False, True):
                 for plain in (False, True) if a.plain_too else (False,):
                     tag = (f"{'FM16' if k else 'LR'} {'scaled' if scaled else 'lazy'} "
                            f"seed={seed}" + (" plain-loads" if plain else ""))
-                    try:
-                        r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, concurrency=conc,
-                                          seed=seed, scale_penalty=scaled,
-                                          opts={"skip": 16} if plain else None, **l2)
-                        show(tag, r)
-                    except Exception as exc:
-                        print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+                    run(tag, k, concurrency=conc, seed=seed, scale_penalty=scaled,
+                        opts={"skip": 16} if plain else None)
     for stale in [x for x in a.lr_staleness.split(",") if x]:
         pol = {"none": False, "full": True}.get(stale, stale)
-        for seed in [int(x) for x in a.seeds.split(",") if x]:
-            tag = f"LR staleness={stale} seed={seed}"
-            try:
-                r = ra.run_kernel(ctx, data, k=0, l2_w=1.0 / (ra.C_LR * data.n),
-                                  epochs=a.epochs, seed=seed, concurrency="auto",
-                                  opts={"staleness": pol})
-                show(tag, r)
-            except Exception as exc:
-                print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+        for seed in seeds:
+            run(f"LR staleness={stale} seed={seed}", 0, seed=seed, concurrency="auto",
+                opts={"staleness": pol})
     variants = [v for v in a.variants.split(",") if v]
     models = [{"lr": 0, "fm": 16}[m] for m in a.variant_models.split(",")]
     first = {}
-    for spec in variants if a.variant_check_batches else ():
+    for spec in () if a.no_variant_check else variants:
         use_sources(ctx, spec)
         for k in models:
-            l2 = (fa, fb) if k else (1.0 / (ra.C_LR * data.n), 0.0)
-            try:
-                loss = ordered_loss(ctx, data, k, l2, a.variant_check_batches)
-            except Exception as exc:  # the timed runs still tell
-                print(f"{spec}: check ERROR {ra._err(exc)}", flush=True)
-                continue
-            ref = first.setdefault(k, loss)
-            rel = abs(loss - ref) / abs(ref)
             tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]}"
-            print(f"{tag:28s} in-order loss over {a.variant_check_batches} mini-batches "
-                  f"{loss:.9g} (relative difference to the first variant {rel:.1e}"
-                  f"{', OVER 1e-4' if rel > 1e-4 else ''})", flush=True)
+            r = run(tag + " check", k, epochs=1, evaluate=False,
+                    scale_penalty=bool(k) or None, opts={"deterministic": True})
+            if r is None:
+                continue
+            loss = r["train_loss"][0]
+            rel = abs(loss - first.setdefault(k, loss)) / abs(first[k])
+            print(f"{tag:28s} in-order epoch's training loss {loss:.9g} (relative difference "
+                  f"to the first variant {rel:.1e}{', OVER 1e-4' if rel > 1e-4 else ''})",
+                  flush=True)
             rows.append(dict(tag=tag + " check", ordered_loss=loss, relative_difference=rel))
             dump()
     for rnd in range(a.variant_rounds if variants else 0):
         for spec in variants:
             use_sources(ctx, spec)
-            for seed in [int(x) for x in a.seeds.split(",") if x]:
+            for seed in seeds:
                 for k in models:
-                    l2 = dict(l2_w=fa, l2_v=fb) if k else dict(l2_w=1.0 / (ra.C_LR * data.n))
-                    tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}"
-                    try:
-                        r = ra.run_kernel(ctx, data, k=k, epochs=a.epochs, seed=seed,
-                                          concurrency="max" if k else "auto",
-                                          scale_penalty=bool(k) or None, **l2)
-                        show(tag, r)
-                    except Exception as exc:
-                        print(f"{tag}: ERROR {ra._err(exc)}", flush=True)
+                    run(f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}",
+                        k, seed=seed, concurrency="max" if k else "auto",
+                        scale_penalty=bool(k) or None)
     torch_runs = [(0, seed) for seed in a.torch_lr_seeds.split(",") if seed]
     if a.torch:
         torch_runs += [(16, seed) for seed in a.torch_seeds.split(",") if seed]

@@ -525,15 +525,16 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             const long long i = wb + u * 32 + lane;
             fr[u] = i < c1 ? feat[i] : -1;
           }
-          // the feature before the window (ids are >= 0; -2: none, so c0 is a head)
-          const int fprev = (lane == 0 && wb > c0) ? feat[wb - 1] : -2;
+          // lane 0's predecessor: the feature before the window (ids are >= 0;
+          // -2: none, so c0 is a head), then lane 31's of the sub-window before
+          int last = (lane == 0 && wb > c0) ? feat[wb - 1] : -2;
           int total = 0;
 #pragma unroll
           for (int u = 0; u < CU; ++u) {
             int up = __shfl_up_sync(CUWIDE_FULL_MASK, fr[u], 1);
-            const int carry = __shfl_sync(CUWIDE_FULL_MASK, u > 0 ? fr[u > 0 ? u - 1 : 0] : fprev,
-                                          u > 0 ? 31 : 0);
+            const int carry = __shfl_sync(CUWIDE_FULL_MASK, last, u > 0 ? 31 : 0);
             if (lane == 0) up = carry;
+            last = fr[u];
             const long long i = wb + u * 32 + lane;
             bal[u] = __ballot_sync(CUWIDE_FULL_MASK, i < c1 && fr[u] != up);
             cnt[u] = __popc(bal[u]);

@@ -593,7 +593,7 @@ def run_epoch(
         gw, gstride, pscale, pstride = pack_penalty(state, dl)
     elif params.penalty_scaled:
         pscale = dl.penalty_scale()
-    if state.gw is not None and not params.penalty_scaled:
+    elif state.gw is not None:
         gw, gstride = _gw_argument(state)
     loss = cp.zeros(1, dtype=cp.float64)
     acc_buf = None
