@@ -30,11 +30,19 @@ _VARIANT_CACHE = {}
 
 def use_sources(ctx, spec):
     """Compile the kernels from another source folder, with extra macros
-    (``name=DIR[+MACRO=V...]``): the A/B of a kernel change in one process."""
+    (``name=DIR[+MACRO=V...]``): the A/B of a kernel change in one process.
+    A ``+staleness=POLICY`` token is no macro: the variant's runs take that
+    step policy (``none`` for plain lock-free sums); returns the runs' extra
+    ``run_epoch`` options."""
     from sklearn_cuwide import _kernels
 
     name, _, rest = spec.partition("=")
     folder, *macros = rest.split("+")
+    opts = {}
+    for m in [m for m in macros if m.startswith("staleness=")]:
+        pol = m.partition("=")[2]
+        opts["staleness"] = {"none": False, "full": True}.get(pol, pol)
+        macros.remove(m)
     d = Path(folder).resolve()
     if not (d / "cuwide_common.cuh").is_file():
         raise SystemExit(f"variant {name}: no kernel sources in {d}")
@@ -43,7 +51,8 @@ def use_sources(ctx, spec):
     # each variant keeps its compiled kernels (and warm-up) for the next round
     _kernels._CACHE = _VARIANT_CACHE.setdefault(spec, ({}, set()))[0]
     ctx.warmed = _VARIANT_CACHE[spec][1]
-    print(f"variant {name}: {d} {' '.join(macros)}", flush=True)
+    print(f"variant {name}: {d} {' '.join(macros)} {opts or ''}", flush=True)
+    return opts
 
 
 def main(argv=None):
@@ -175,7 +184,7 @@ def main(argv=None):
     models = [{"lr": 0, "fm": 16}[m] for m in a.variant_models.split(",")]
     first = {}
     for spec in () if a.no_variant_check else variants:
-        use_sources(ctx, spec)
+        use_sources(ctx, spec)  # in order: no step policy applies
         for k in models:
             tag = f"{'FM16' if k else 'LR'} {spec.split('=')[0]}"
             r = run(tag + " check", k, epochs=1, evaluate=False,
@@ -191,12 +200,12 @@ def main(argv=None):
             dump()
     for rnd in range(a.variant_rounds if variants else 0):
         for spec in variants:
-            use_sources(ctx, spec)
+            vopts = use_sources(ctx, spec)
             for seed in seeds:
                 for k in models:
                     run(f"{'FM16' if k else 'LR'} {spec.split('=')[0]} seed={seed} round={rnd}",
                         k, seed=seed, concurrency="max" if k else "auto",
-                        scale_penalty=bool(k) or None)
+                        scale_penalty=bool(k) or None, opts=vopts or None)
     torch_runs = [(0, seed) for seed in a.torch_lr_seeds.split(",") if seed]
     if a.torch:
         torch_runs += [(16, seed) for seed in a.torch_seeds.split(",") if seed]

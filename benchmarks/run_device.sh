@@ -12,6 +12,9 @@
 #   ab, ab-full: a kernel change (ab-full: every gpu test, and racecheck -k "$RK"): the kernel tests, memcheck, then the A/B of
 #             kernel sources in VARIANTS (explore_cluster.py --variants; the
 #             old sources copied to an untracked folder) and the LR stage times
+#   lr-cap:   branch lr-cap-auto: the kernel tests, memcheck, and LR adagrad
+#             with the step policies none / cap-step / cap-auto over 3 seeds
+#             (epoch time, AUC and logloss per epoch; ~4 minutes)
 #   profile:  Nsight Compute (--set full) on one resident epoch of the suite's
 #             LR and FM16 rows (benchmarks/profile_epoch.py; PROFILE_MODELS)
 #   scaling-large: the rows sweep from 1M to 64M rows (points above 16M repeat
@@ -86,6 +89,14 @@ if [[ $what == ab* ]]; then
     python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py -k "$RK"
   [[ -n ${STAGES-LR} ]] && step stages python benchmarks/explore_gpu.py --models "${STAGES-LR}" \
     --no-quality --out "$OUT/stages"
+fi
+if [[ $what == lr-cap ]]; then
+  step kernel_tests python -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -x tests/test_gpu_kernels.py \
+    -k "concurrency_scale or hogwild or epoch_matches_reference"
+  step staleness python benchmarks/explore_cluster.py --clusters "" \
+    --lr-staleness none,cap-step,cap-auto --seeds 0,1,2 --out "$OUT/staleness"
 fi
 if [[ $what == profile ]]; then
   for m in ${PROFILE_MODELS:-lr fm}; do

@@ -72,6 +72,12 @@ using namespace cuwide;
 #ifndef CUWIDE_LR_COLD_SEGMENTS
 #define CUWIDE_LR_COLD_SEGMENTS 3
 #endif
+// 1: the LR cold apply loads a segment's step scale under concurrency with
+// its other gathers, before the sums (0: after them, a dependent load per
+// segment that a cap policy's damped cold features wait on)
+#ifndef CUWIDE_LR_SCALE_EARLY
+#define CUWIDE_LR_SCALE_EARLY 0
+#endif
 #define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
   ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
 
@@ -83,6 +89,14 @@ struct Shape {
   static constexpr int G = MODEL == FM ? GroupSize<NF>::v : 1;  // lanes per nonzero
   static constexpr int KPL = MODEL == FM ? (NF + G - 1) / G : 1;  // factors per lane
 };
+
+// Feature f's step scale under concurrency: fscale[f] for the features
+// [0, n_scaled) that the policy damps, 1 for the others (no gather: the cold
+// features of a cap policy are rarely damped)
+__device__ __forceinline__ float step_scale(const float* __restrict__ fscale, int n_scaled,
+                                            long long f) {
+  return (fscale && f < n_scaled) ? fscale[f] : 1.f;
+}
 
 template <int LOSS>
 __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
@@ -104,14 +118,14 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
       const float *__restrict__ sw, const float *__restrict__ batch_w, float *w, float *V,  \
       float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
       float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
-      int fit_intercept, int fit_linear, const float *__restrict__ fscale, float bscale,    \
-      const float *__restrict__ pscale, int gstride, int pstride, int skip,                \
+      int fit_intercept, int fit_linear, const float *__restrict__ fscale, int n_scaled,    \
+      float bscale, const float *__restrict__ pscale, int gstride, int pstride, int skip,   \
       double *loss_out
 #define CUWIDE_TRAIN_ARGS                                                                  \
   feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
       work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
-      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, bscale, pscale, \
-      gstride, pstride, skip, loss_out
+      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, n_scaled,       \
+      bscale, pscale, gstride, pstride, skip, loss_out
 
 // CL blocks (a thread block cluster when CL > 1) form one worker: they train
 // the same sample block together.  Each aggregates a CL-th of its nonzeros
@@ -588,11 +602,17 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           float ps[CU], w_old[CU][NOUT], G_old[CU][NOUT], gs[CU][NOUT];
           int r1[CU];
           float x1[CU];
+#if CUWIDE_LR_SCALE_EARLY
+          float scs[CU];
+#endif
 #pragma unroll
           for (int kk = 0; kk < CU; ++kk) {
             const int f = hf[kk] < 0 ? 0 : hf[kk];
             const bool ok = hf[kk] >= 0;
             ps[kk] = (ok && pscale) ? pscale[(long long)f * pstride] : 1.f;
+#if CUWIDE_LR_SCALE_EARLY
+            scs[kk] = ok ? step_scale(fscale, n_scaled, f) : 1.f;
+#endif
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               w_old[kk][o] = (ok && l2w != 0.f) ? w[(long long)f * NOUT + o] : 0.f;
@@ -630,7 +650,11 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           for (int kk = 0; kk < CU; ++kk) {
             if (hf[kk] < 0) continue;
             const long long f = hf[kk];
-            const float sc = fscale ? fscale[f] : 1.f;
+#if CUWIDE_LR_SCALE_EARLY
+            const float sc = scs[kk];
+#else
+            const float sc = step_scale(fscale, n_scaled, f);
+#endif
             const float l2wf = l2w * ps[kk], l1f = l1 * ps[kk];
 #pragma unroll
             for (int o = 0; o < NOUT; ++o)
@@ -668,7 +692,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           for (int j = gid; j < nh; j += ng) {
             const long long p = base + heads[j];
             const int f = feat[p];
-            const float sc = fscale ? fscale[f] : 1.f;
+            const float sc = step_scale(fscale, n_scaled, f);
             // the feature's penalties (scaled to the full objective's per epoch)
             const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
             const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
@@ -724,7 +748,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           gsum += hgrad[rp * hsize + i];
           hgrad[rp * hsize + i] = 0.f;
         }
-        const float sc = fscale ? fscale[f] : 1.f;
+        const float sc = step_scale(fscale, n_scaled, f);
         const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
         const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
         if (MODEL == FM) {

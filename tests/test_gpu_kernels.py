@@ -228,6 +228,36 @@ def test_resident_second_epoch_and_hogwild(cuda):
         np.testing.assert_allclose(losses[mode][-1], losses[True][-1], rtol=0.05)
 
 
+@pytest.mark.parametrize("policy", [("cap", 4.0), ("cap", 1e9), ("power", 0.5)])
+def test_concurrency_scale_matches_float64_and_its_prefix(cuda, policy):
+    """The per-feature step scales under concurrency against a float64
+    computation; every feature past ``n_scaled`` (which the kernel reads no
+    scale for) has a scale of exactly 1."""
+    rng = np.random.default_rng()
+    X, y, sw, layout, state, params = make_case(rng, CONFIGS[0], n=3001, d=997, density=0.01)
+    dl = cuda.put_layout(layout)
+    P = 37
+    kind, v = policy
+    if kind == "cap":
+        s, n_scaled, sb = dl.concurrency_scale(P, cap=v)
+    else:
+        s, n_scaled, sb = dl.concurrency_scale(P, power=v)
+    s = cuda.to_host(s).astype(np.float64)
+    counts = layout.feature_counts[layout.feature_order].astype(np.float64)
+    q = np.clip(-np.expm1(-counts * layout.batch_size / layout.n_rows), 0.0, 1.0)
+    upd = 1.0 + (P - 1) * q
+    want = np.minimum(1.0, v / upd) if kind == "cap" else upd ** -v
+    np.testing.assert_allclose(s, want, rtol=1e-6)
+    assert sb == pytest.approx(min(1.0, v / P) if kind == "cap" else P ** -v)
+    damped = np.flatnonzero(want < 1.0)
+    assert n_scaled == (damped[-1] + 1 if damped.size else 0)
+    assert (s[n_scaled:] == 1.0).all()
+    if kind == "cap" and v < P:
+        assert 0 < n_scaled < layout.n_features  # the frequent features only
+    if v > P:
+        assert n_scaled == 0
+
+
 @pytest.mark.parametrize("idx", [np.int32, np.int64])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("model", ["lr1", "lr3", "fm1", "fm8", "fm16", "fm64", "fm128"])

@@ -230,7 +230,10 @@ class DeviceLayout:
         A feature present in a fraction ``q`` of the mini-batches is updated
         by about ``1 + (P - 1) q`` blocks from the same stale weights; its
         step is divided by that (staleness-aware asynchronous SGD).  Returns
-        (device array in layout order, scale of the intercept).
+        (device array in layout order, the number of leading features that
+        it damps, scale of the intercept): every feature from that index on
+        has a scale of 1, so the kernel reads no scale for it (with a cap,
+        these are the cold features, which few blocks update at once).
         """
         P = int(n_concurrent)
         key = (P, float(power), cap)
@@ -243,8 +246,10 @@ class DeviceLayout:
                 s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
             else:
                 s, sb = updaters ** (-power), float(P) ** -power
+            damped = cp.flatnonzero(s < 1.0)
+            n_scaled = int(damped[-1]) + 1 if damped.size else 0
             # one level kept: 4 bytes per feature, not 4 per level of the ramp
-            self._scale = (key, (s.astype(cp.float32), sb))
+            self._scale = (key, (s.astype(cp.float32), n_scaled, sb))
         return self._scale[1]
 
     def penalty_scale(self):
@@ -438,28 +443,44 @@ def cluster_for(workers):
 
 def default_staleness(params):
     """Step scaling under concurrency, as measured on an H200
-    (``benchmarks/results/2026-11-30_policies/``): lock-free sums lose
-    nothing for LR with Adagrad; LR with plain sgd (a step of 1 / L) needs
-    its concurrent steps divided by sqrt(#updaters); the FM's hot factors
-    take undamped steps from up to C = max(4, P / 11) expected concurrent
-    updaters and steps scaled by C / updaters beyond (``"cap-auto"``)."""
-    if params.model == "fm":
-        return "cap-auto"
-    return "sqrt" if params.solver == "sgd" else False
+    (``benchmarks/results/2026-11-30_policies/``) and in the CPU model of the
+    concurrency (``2026-11-30_s7_lr_staleness_sim/``): LR with plain sgd (a
+    step of 1 / L) needs its concurrent steps divided by sqrt(#updaters);
+    the FM's features take undamped steps from up to C = max(4, P / 11)
+    expected concurrent updaters and steps scaled by C / updaters beyond
+    (``"cap-auto"``); LR with Adagrad the same with C = max(4, 2 / lr)
+    (``"cap-step"``).  Plain lock-free sums keep LR's AUC but not its logloss
+    at 244 workers: the features in every row take P steps from the same
+    stale weights, and the margins overshoot; the FM's smaller cap damps LR
+    too much at 61 workers."""
+    if params.solver == "sgd":
+        return "sqrt"
+    return "cap-auto" if params.model == "fm" else "cap-step"
 
 
-def staleness_cap(staleness, n_blocks):
-    """C of a ``"capC"`` / ``"cap-auto"`` policy for ``n_blocks`` in flight
-    (None for the other policies).
+#: ``"cap-step"``: the summed undamped first steps of a feature (Adagrad's
+#: first step is ``learning_rate`` in size) move it by at most this much
+STEP_BOUND = 2.0
+
+
+def staleness_cap(staleness, n_blocks, learning_rate=None):
+    """C of a ``"capC"`` / ``"cap-auto"`` / ``"cap-step"`` policy for
+    ``n_blocks`` in flight (None for the other policies).
 
     ``"cap-auto"``: C = max(4, P / 11), the best of the caps measured on
-    Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24).
+    Criteo-like data at P = 12, 24 (cap 4) and 264 blocks (cap 24), for the FM.
+    ``"cap-step"``: C = max(4, STEP_BOUND / learning_rate), for LR: in the
+    CPU model of 244 and 61 workers on 4M and 1M Criteo-like rows, caps of
+    40-88 keep the AUC and the logloss of the sequential order, while no cap
+    (244) loses the logloss and P / 11 (5.5 at 61 workers) the AUC.
     ``run_epoch`` takes P from its full grid, also in the warm-up stages.
     """
     if not (isinstance(staleness, str) and staleness.startswith("cap")):
         return None
     if staleness == "cap-auto":
         return max(4.0, n_blocks / 11.0)
+    if staleness == "cap-step":
+        return max(4.0, STEP_BOUND / float(learning_rate))
     return float(staleness[3:])
 
 
@@ -517,7 +538,8 @@ def run_epoch(
     (``staleness=True``; ``"sqrt"`` divides by its square root; ``"capC"``
     leaves features with at most C expected concurrent updaters undamped and
     scales the others by C / updaters; ``"cap-auto"`` takes C from the
-    number of blocks, see :func:`staleness_cap`).
+    number of blocks, ``"cap-step"`` from the learning rate, see
+    :func:`staleness_cap`).
     ``ramp=K``: warm up the
     concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
     per block, before the full grid (used in the first epoch of a fit: the
@@ -589,7 +611,7 @@ def run_epoch(
 
     # the cap of a capped policy comes from the full grid and holds in the
     # warm-up stages too (their fewer blocks are then damped less or not at all)
-    cap = staleness_cap(staleness, grid)
+    cap = staleness_cap(staleness, grid, params.learning_rate)
     # warm-up stages: (blocks, mini-batches), consumed by the first launches
     stages = []
     if ramp and not deterministic:
@@ -606,12 +628,12 @@ def run_epoch(
         g = min(g, n_work)
         if staleness and g > 1:
             if cap is not None:
-                fscale, bscale = dl.concurrency_scale(g, cap=cap)
+                fscale, n_scaled, bscale = dl.concurrency_scale(g, cap=cap)
             else:
                 power = 0.5 if staleness == "sqrt" else 1.0
-                fscale, bscale = dl.concurrency_scale(g, power)
+                fscale, n_scaled, bscale = dl.concurrency_scale(g, power)
         else:
-            fscale, bscale = null, 1.0
+            fscale, n_scaled, bscale = null, 0, 1.0
         feat, row, val = arrays
         cl = cluster_of(g)
         kernel_of(cl)(
@@ -628,8 +650,8 @@ def run_epoch(
                 np.float32(params.learning_rate), np.float32(params.l2_w),
                 np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
                 np.int32(params.fit_intercept), np.int32(params.fit_linear),
-                fscale, np.float32(bscale), pscale, np.int32(gstride), np.int32(pstride),
-                np.int32(skip),
+                fscale, np.int32(n_scaled), np.float32(bscale),
+                pscale, np.int32(gstride), np.int32(pstride), np.int32(skip),
                 loss,
             ),
             shared_mem=smem,
