@@ -74,7 +74,7 @@ using namespace cuwide;
 // Nonzeros a group of lanes aggregates at once in the FM when a lane holds
 // at most two factors (their loads and factor gathers in flight together)
 #ifndef CUWIDE_FM_AGG_UNROLL
-#define CUWIDE_FM_AGG_UNROLL 4
+#define CUWIDE_FM_AGG_UNROLL 8
 #endif
 
 // Cold LR feature segments one lane works on at once (their gathers in
@@ -154,7 +154,8 @@ template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int ACCG>
 __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : CUWIDE_FM_AGG_UNROLL) : (NOUT > 4 ? 1 : 4);
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : KPL == 2 ? 4 : CUWIDE_FM_AGG_UNROLL)
+                                    : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
