@@ -152,6 +152,17 @@ def one_model(cp, be, X, y, model, a):
               f"ms, device idle before it {r['pre_device_ms']:.3f} ms; SM {r['sm_mhz']:.0f} "
               f"MHz, memory {r['mem_mhz']:.0f} MHz, {r['watts']:.0f} W, {r['temp_c']:.0f} C",
               flush=True)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(10):
+            be.run_epoch(dl, yl, sw, bw, st, params, rng.permutation(L.n_batches), **kw)
+        prof.disable()
+        print(f"{model}: host profile of 10 epochs (the device's wait included where the "
+              "host synchronises)", flush=True)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
         return
     order = rng.permutation(L.n_batches)
     cp.cuda.Device().synchronize()

@@ -37,7 +37,7 @@
 // read weights that another block is about to change.
 //
 // Ablation switches (runtime): n_hot = 0 disables hot-feature caching;
-// n_rep = 1 disables replication; acc_global != nullptr keeps the per-sample
+// n_rep = 1 disables replication; the ACCG = 1 instantiation keeps the per-sample
 // accumulators in global memory (no cross-stage caching); skip bits 1/2/4/8
 // leave out the aggregate / hot apply / cold apply / flush (timing only), bit
 // 16 reads the apply's nonzeros as plain loads instead of streaming ones.
@@ -59,10 +59,22 @@ using namespace cuwide;
 #define CUWIDE_FM_HOT_PREFETCH 1
 #endif
 
+// 1: the FM's hot apply gives each group of lanes one contiguous run of the
+// hot nonzeros and sums a feature's gradient in registers until the feature
+// changes (0: groups stride over the nonzeros, and a warp's groups combine
+// theirs by a segmented scan before an atomic per nonzero pair); the run's
+// nonzeros are loaded CUWIDE_FM_HOT_RUN_UNROLL at a time
+#ifndef CUWIDE_FM_HOT_RUNS
+#define CUWIDE_FM_HOT_RUNS 1
+#endif
+#ifndef CUWIDE_FM_HOT_RUN_UNROLL
+#define CUWIDE_FM_HOT_RUN_UNROLL 4
+#endif
+
 // Nonzeros a group of lanes aggregates at once in the FM when a lane holds
 // at most two factors (their loads and factor gathers in flight together)
 #ifndef CUWIDE_FM_AGG_UNROLL
-#define CUWIDE_FM_AGG_UNROLL 4
+#define CUWIDE_FM_AGG_UNROLL 8
 #endif
 
 // Cold LR feature segments one lane works on at once (their gathers in
@@ -138,11 +150,12 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
 // semantics are the sequential order's, whatever CL; CL > 1 only shortens
 // the time one sample block takes, so fewer workers (less staleness) fill
 // the GPU.
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int ACCG>
 __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : CUWIDE_FM_AGG_UNROLL) : (NOUT > 4 ? 1 : 4);
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : KPL == 2 ? 4 : CUWIDE_FM_AGG_UNROLL)
+                                    : (NOUT > 4 ? 1 : 4);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
@@ -153,18 +166,22 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   const int n_workers = CL > 1 ? (int)cluster_count() : (int)gridDim.x;
   const int lane = tid & 31, warp = tid >> 5, n_warps = bd >> 5;
 
+  // ACCG (the acc_global ablation) is a template argument, not a test of
+  // acc_global: with the per-sample accumulators known to be in shared
+  // memory, their atomics compile to shared-memory ones, without a generic
+  // atomic's try and address-space test before each
   float* acc_s = reinterpret_cast<float*>(smem_raw);
-  float* hcache = acc_s + (acc_global ? 0 : sample_block * RS);
+  float* hcache = acc_s + (ACCG ? 0 : sample_block * RS);
   const long long hsize = (long long)n_hot * HW;
   float* hgrad = hcache + hsize;
   int* heads = reinterpret_cast<int*>(hgrad + (long long)n_rep * hsize);
   int* wcount = heads + bd;                                  // 33 ints
   float* bgrad = reinterpret_cast<float*>(wcount + 33);      // NOUT floats
   int* touched = reinterpret_cast<int*>(bgrad + NOUT);  // hot feature present?
-  float* acc = acc_global ? acc_global + (long long)blockIdx.x * sample_block * RS : acc_s;
+  float* acc = ACCG ? acc_global + (long long)blockIdx.x * sample_block * RS : acc_s;
   // block q's per-sample accumulators (q in this cluster)
   auto peer_acc = [&](int q) -> float* {
-    return acc_global ? acc_global + (long long)(blockIdx.x - crank + q) * sample_block * RS
+    return ACCG ? acc_global + (long long)(blockIdx.x - crank + q) * sample_block * RS
                       : cluster_map(acc_s, (unsigned)q);
   };
 
@@ -308,7 +325,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
                          : hot ? hcache[f[u] * HW + k]
                                : V[(long long)f[u] * NF + k];
             }
-            lin[u] = (f[u] < 0 || gl != 0 || !fit_linear) ? 0.f
+            // nonzero u's linear term and its NF accumulator are lane
+            // gl == u % G's (one atomic instruction for G nonzeros)
+            lin[u] = (f[u] < 0 || gl != u % G || !fit_linear) ? 0.f
                      : hot ? hcache[f[u] * HW + NF]
                            : w[f[u]];
           }
@@ -332,9 +351,17 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) sq[u] += __shfl_xor_sync(CUWIDE_FULL_MASK, sq[u], off);
 #pragma unroll
-          for (int u = 0; u < UNROLL; ++u) {
-            if (f[u] < 0 || gl != 0) continue;
-            atomicAdd(&acc[r[u] * RS + NF], lin[u] * x[u] - 0.5f * sq[u]);
+          for (int u0 = 0; u0 < UNROLL; u0 += G) {
+            int rr = -1;
+            float nv = 0.f;
+#pragma unroll
+            for (int u = u0; u < UNROLL && u < u0 + G; ++u) {
+              if (gl == u - u0 && f[u] >= 0) {
+                rr = r[u];
+                nv = lin[u] * x[u] - 0.5f * sq[u];
+              }
+            }
+            if (rr >= 0) atomicAdd(&acc[rr * RS + NF], nv);
           }
         }
       }
@@ -427,7 +454,72 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
       const bool plain = skip & 16;  // ablation: the apply's last reads as plain loads
-      if (!(skip & 2)) {
+      if (!(skip & 2) && MODEL == FM && CUWIDE_FM_HOT_RUNS) {
+        // FM: a group takes one contiguous run of the hot nonzeros (sorted by
+        // feature) and sums a feature's gradient in registers until the
+        // feature changes: one atomic per feature and group, not per nonzero,
+        // and the feature's factors read from the cache once
+        float* hg = hgrad + (long long)(warp % n_rep) * hsize;
+        const long long per = (h1 - h0 + ng - 1) / ng;
+        const long long i0 = h0 + per * gid;
+        const long long iend = i0 + per < h1 ? i0 + per : h1;
+        constexpr int U = KPL > 2 ? 2 : CUWIDE_FM_HOT_RUN_UNROLL;
+        int fc = -1;
+        float vc[KPL], c[KPL + 1];
+#pragma unroll
+        for (int kk = 0; kk < KPL; ++kk) vc[kk] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
+        auto flush = [&]() {
+          if (gl == 0) atomicExch(&touched[fc], 1);
+#pragma unroll
+          for (int kk = 0; kk < KPL; ++kk) {
+            const int k = gl + kk * G;
+            if (k < NF) atomicAdd(&hg[fc * HW + k], c[kk]);
+          }
+          if (gl == 0) atomicAdd(&hg[fc * HW + NF], c[KPL]);
+        };
+        for (long long i = i0; i < iend; i += U) {
+          int fq[U], rq[U];
+          float xq[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            fq[u] = -1;
+            rq[u] = 0;
+            xq[u] = 0.f;
+            if (i + u < iend) {
+              fq[u] = last_read(feat + i + u, plain);
+              rq[u] = last_read(row + i + u, plain);
+              xq[u] = last_read(val + i + u, plain);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (fq[u] < 0) continue;
+            if (fq[u] != fc) {
+              if (fc >= 0) flush();
+              fc = fq[u];
+#pragma unroll
+              for (int kk = 0; kk < KPL; ++kk) {
+                const int k = gl + kk * G;
+                vc[kk] = k < NF ? hcache[fc * HW + k] : 0.f;
+              }
+#pragma unroll
+              for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
+            }
+            const int r = rq[u];
+            const float x = xq[u];
+            const float ex = acc[r * RS + NF] * x;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              if (k < NF) c[kk] += ex * (acc[r * RS + k] - vc[kk] * x);
+            }
+            c[KPL] += ex;
+          }
+        }
+        if (fc >= 0) flush();
+      } else if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         // software pipelined: the loads of the next PD nonzeros of the group
         // are in flight while this one is reduced (a queue in registers)
@@ -792,9 +884,11 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
 }
 
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
+// ACCG = 1: the per-sample accumulators in global memory at acc_global (an
+// ablation); 0: in shared memory (acc_global unused)
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int ACCG>
 __global__ void __launch_bounds__(512, 2) cuwide_train(CUWIDE_TRAIN_PARAMS) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1>(CUWIDE_TRAIN_ARGS);
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, ACCG>(CUWIDE_TRAIN_ARGS);
 }
 
 // CL blocks per worker, as a thread block cluster (the grid a multiple of CL;
@@ -804,20 +898,22 @@ __global__ void __launch_bounds__(512, 2) cuwide_train(CUWIDE_TRAIN_PARAMS) {
 #else
 #define CUWIDE_CLUSTER_DIMS(CL)
 #endif
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int ACCG>
 __global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
     cuwide_train_cluster(CUWIDE_TRAIN_PARAMS) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL>(CUWIDE_TRAIN_ARGS);
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, ACCG>(CUWIDE_TRAIN_ARGS);
 }
 
 #ifdef CUWIDE_NVCC_CHECK
 // explicit instantiations so that `nvcc -DCUWIDE_NVCC_CHECK -c` checks the code
-template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC, 1>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, 1>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8, 0>(CUWIDE_TRAIN_PARAMS);
+template __global__ void cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4, 0>(CUWIDE_TRAIN_PARAMS);
 #endif

@@ -98,9 +98,9 @@ def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
     seen = []
     real = _cuda.train_kernel
 
-    def spy(params, n_outputs, n_factors, cluster=1):
+    def spy(params, n_outputs, n_factors, cluster=1, acc_global=False):
         seen.append(cluster)
-        return real(params, n_outputs, n_factors, cluster)
+        return real(params, n_outputs, n_factors, cluster, acc_global)
 
     monkeypatch.setattr(_cuda, "train_kernel", spy)
     X, y, Xte, yte = _ctr(20000, 2**12, n_fields=6, n_numeric=2)

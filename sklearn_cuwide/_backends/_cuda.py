@@ -408,9 +408,10 @@ def _dense_gw(state):
     return state.gw
 
 
-def train_kernel(params, n_outputs, n_factors, cluster=1):
+def train_kernel(params, n_outputs, n_factors, cluster=1, acc_global=False):
     """The training kernel; ``cluster > 1``: the variant whose workers are
-    thread block clusters of that many blocks."""
+    thread block clusters of that many blocks; ``acc_global``: the ablation
+    whose per-sample accumulators are in global memory."""
     model = params.model
     args = [
         _MODEL[model],
@@ -420,7 +421,10 @@ def train_kernel(params, n_outputs, n_factors, cluster=1):
         _LOSS[params.loss],
     ]
     if cluster > 1:
-        expr = kernel_name("cuwide_train_cluster", *args, int(cluster))
+        args.append(int(cluster))
+    args.append(1 if acc_global else 0)
+    if cluster > 1:
+        expr = kernel_name("cuwide_train_cluster", *args)
     else:
         expr = kernel_name("cuwide_train", *args)
     return get_kernel("cuwide_train.cu", expr)
@@ -576,7 +580,7 @@ def run_epoch(
     smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
 
     def kernel_of(cl):
-        kern = train_kernel(params, D, k, cl)
+        kern = train_kernel(params, D, k, cl, acc_global=bool(acc_global))
         if smem > kern.max_dynamic_shared_size_bytes:
             kern.max_dynamic_shared_size_bytes = smem
         return kern
