@@ -84,12 +84,6 @@ using namespace cuwide;
 #ifndef CUWIDE_LR_COLD_SEGMENTS
 #define CUWIDE_LR_COLD_SEGMENTS 3
 #endif
-// 1: the LR cold apply loads a segment's step scale under concurrency with
-// its other gathers, before the sums (0: after them, a dependent load per
-// segment that a cap policy's damped cold features wait on)
-#ifndef CUWIDE_LR_SCALE_EARLY
-#define CUWIDE_LR_SCALE_EARLY 0
-#endif
 #define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
   ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
 
@@ -694,17 +688,11 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           float ps[CU], w_old[CU][NOUT], G_old[CU][NOUT], gs[CU][NOUT];
           int r1[CU];
           float x1[CU];
-#if CUWIDE_LR_SCALE_EARLY
-          float scs[CU];
-#endif
 #pragma unroll
           for (int kk = 0; kk < CU; ++kk) {
             const int f = hf[kk] < 0 ? 0 : hf[kk];
             const bool ok = hf[kk] >= 0;
             ps[kk] = (ok && pscale) ? pscale[(long long)f * pstride] : 1.f;
-#if CUWIDE_LR_SCALE_EARLY
-            scs[kk] = ok ? step_scale(fscale, n_scaled, f) : 1.f;
-#endif
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               w_old[kk][o] = (ok && l2w != 0.f) ? w[(long long)f * NOUT + o] : 0.f;
@@ -742,11 +730,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           for (int kk = 0; kk < CU; ++kk) {
             if (hf[kk] < 0) continue;
             const long long f = hf[kk];
-#if CUWIDE_LR_SCALE_EARLY
-            const float sc = scs[kk];
-#else
             const float sc = step_scale(fscale, n_scaled, f);
-#endif
             const float l2wf = l2w * ps[kk], l1f = l1 * ps[kk];
 #pragma unroll
             for (int o = 0; o < NOUT; ++o)

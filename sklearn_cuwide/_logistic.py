@@ -136,10 +136,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         without locks, Hogwild; few workers are clusters of up to 8 thread
         blocks each).  ``"auto"``: as many as converge as
         well as the sequential order for this solver, as measured (the full
-        grid for ``"adagrad"``, 1 for ``"sgd"``; with ``"adagrad"`` on large
-        data the AUC matches the sequential order's but the logloss can be
-        worse and vary from epoch to epoch: pass a small int, such as 4, when
-        calibrated probabilities matter); ``"max"``: every thread
+        grid for ``"adagrad"``, whose steps on the features that many
+        workers update at once are damped, 1 for ``"sgd"``); ``"max"``: every thread
         block the device runs at once (fastest; ``"sgd"`` then loses
         accuracy); an int ``P``: at most ``P``, and ``1`` applies the
         mini-batches strictly in order as the CPU does.  The CPU always runs
