@@ -107,8 +107,6 @@ def main(argv=None):
                     help="no profile: the epoch time split into kernel and host time")
     ap.add_argument("--repeat", type=int, default=20)
     a = ap.parse_args(argv)
-    import cupy as cp
-
     from sklearn_cuwide._backends import get_backend
     from sklearn_cuwide.datasets import make_ctr_classification
 
@@ -118,10 +116,12 @@ def main(argv=None):
                                    random_state=0)
     print(f"data {time.perf_counter() - t0:.1f} s, {X.nnz} nonzeros", flush=True)
     for model in a.model.split(","):
-        one_model(cp, be, X, y, model, a)
+        one_model(be, X, y, model, a)
 
 
-def one_model(cp, be, X, y, model, a):
+def one_model(be, X, y, model, a):
+    import cupy as cp
+
     from sklearn_cuwide._solvers import batch_weights
     from sklearn_cuwide._state import ModelState
 

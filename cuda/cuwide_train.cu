@@ -45,20 +45,6 @@
 
 using namespace cuwide;
 
-// Nonzeros of the LR hot apply whose loads are in flight ahead of the one
-// being reduced (1: the next one only).  An experiment (branch hot-prefetch):
-// the hot tile's nonzeros come from HBM, and one load ahead per lane may be
-// too few for its bandwidth.
-#ifndef CUWIDE_LR_HOT_PREFETCH
-#define CUWIDE_LR_HOT_PREFETCH 1
-#endif
-// The same for the FM when a lane holds one factor (n_factors <= 32): a
-// group of lanes shares one nonzero, so a warp has 32 / G nonzeros' loads
-// in flight per step ahead
-#ifndef CUWIDE_FM_HOT_PREFETCH
-#define CUWIDE_FM_HOT_PREFETCH 1
-#endif
-
 // 1: the FM's hot apply gives each group of lanes one contiguous run of the
 // hot nonzeros and sums a feature's gradient in registers until the feature
 // changes (0: groups stride over the nonzeros, and a warp's groups combine
@@ -515,39 +501,25 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         if (fc >= 0) flush();
       } else if (!(skip & 2)) {
         float* hg = hgrad + (long long)(warp % n_rep) * hsize;
-        // software pipelined: the loads of the next PD nonzeros of the group
-        // are in flight while this one is reduced (a queue in registers)
-        constexpr int PD = MODEL == LINEAR ? CUWIDE_LR_HOT_PREFETCH
-                         : KPL == 1 ? CUWIDE_FM_HOT_PREFETCH : 1;
-        int f_q[PD], r_q[PD];
-        float x_q[PD];
-#pragma unroll
-        for (int d = 0; d < PD; ++d) {
-          const long long i = h0 + (long long)d * ng + gid;
-          f_q[d] = -1;
-          r_q[d] = 0;
-          x_q[d] = 0.f;
-          if (i < h1) {
-            f_q[d] = last_read(feat + i, plain);
-            r_q[d] = last_read(row + i, plain);
-            x_q[d] = last_read(val + i, plain);
-          }
+        // software pipelined: the next nonzero's loads are in flight while
+        // this one is reduced (more loads ahead measured slower on the H200:
+        // benchmarks/results/2026-11-30_s8_timing_ab/)
+        int f_n = -1, r_n = 0;
+        float x_n = 0.f;
+        if (h0 + gid < h1) {
+          f_n = last_read(feat + h0 + gid, plain);
+          r_n = last_read(row + h0 + gid, plain);
+          x_n = last_read(val + h0 + gid, plain);
         }
         for (long long base = h0; base < h1; base += ng) {
           const bool active = base + gid < h1;
-          const int fa = f_q[0], r = r_q[0];
-          const float x = x_q[0];
-#pragma unroll
-          for (int d = 0; d + 1 < PD; ++d) {
-            f_q[d] = f_q[d + 1];
-            r_q[d] = r_q[d + 1];
-            x_q[d] = x_q[d + 1];
-          }
-          const long long inext = base + (long long)PD * ng + gid;
+          const int fa = f_n, r = r_n;
+          const float x = x_n;
+          const long long inext = base + ng + gid;
           if (inext < h1) {
-            f_q[PD - 1] = last_read(feat + inext, plain);
-            r_q[PD - 1] = last_read(row + inext, plain);
-            x_q[PD - 1] = last_read(val + inext, plain);
+            f_n = last_read(feat + inext, plain);
+            r_n = last_read(row + inext, plain);
+            x_n = last_read(val + inext, plain);
           }
           int f = active ? fa : -1;
           float c[MODEL == FM ? KPL + 1 : NOUT];

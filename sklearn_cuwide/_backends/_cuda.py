@@ -420,14 +420,10 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, acc_global=False):
         _SOLVER[params.solver],
         _LOSS[params.loss],
     ]
+    name = "cuwide_train"
     if cluster > 1:
-        args.append(int(cluster))
-    args.append(1 if acc_global else 0)
-    if cluster > 1:
-        expr = kernel_name("cuwide_train_cluster", *args)
-    else:
-        expr = kernel_name("cuwide_train", *args)
-    return get_kernel("cuwide_train.cu", expr)
+        name, args = "cuwide_train_cluster", args + [int(cluster)]
+    return get_kernel("cuwide_train.cu", kernel_name(name, *args, 1 if acc_global else 0))
 
 
 CLUSTER_SIZES = _concurrency.CLUSTER_SIZES
