@@ -22,7 +22,7 @@ from sklearn.utils.multiclass import (
 from sklearn.utils.validation import _check_sample_weight, _check_y, validate_data
 
 from . import _device
-from ._backends import get_backend
+from ._backends import _concurrency, get_backend
 from ._sparse import canonical_csr as _as_csr  # noqa: F401 (used by the estimators)
 from ._solvers import fit_minibatch
 
@@ -258,7 +258,7 @@ def _run_minibatch(layout, y, sw, state, params, *, backend, max_iter, tol,
     if getattr(backend, "name", "cpu") == "cuda":
         options = {"grid": backend.concurrent_blocks(concurrency, params, layout.n_batches)}
         if fresh:
-            first = {"ramp": backend.default_ramp(params)}
+            first = {"ramp": _concurrency.default_ramp(params.model)}
     return fit_minibatch(
         layout,
         y,

@@ -35,6 +35,7 @@ def _ctr(n, d, seed=3, **kw):
 ])
 def test_estimator_hands_blocks_to_the_kernel(monkeypatch, est, concurrency, expected):
     from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _runtime
 
     seen = []
     real = _cuda.run_epoch
@@ -48,7 +49,7 @@ def test_estimator_hands_blocks_to_the_kernel(monkeypatch, est, concurrency, exp
     clone(est).set_params(device="cuda", batch_size=64, max_iter=2,
                           concurrency=concurrency).fit(X, y)
     n_batches = -(-20000 // 64)
-    want = _cuda.default_grid(n_batches) if expected == "grid" else expected
+    want = _runtime.default_grid(n_batches) if expected == "grid" else expected
     assert want == (19 if expected == "grid" else expected)  # 313 batches // 16
     assert seen == [want, want]
 
@@ -93,22 +94,22 @@ def test_one_block_is_the_cpu_order(est):
 def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
     """Each worker gets the largest cluster with which all still fit on the
     device (``_concurrency.cluster_for``), in the warm-up stages too."""
-    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _runtime, _train
 
     seen = []
-    real = _cuda.train_kernel
+    real = _train.train_kernel
 
     def spy(params, n_outputs, n_factors, cluster=1, acc_global=False):
         seen.append(cluster)
         return real(params, n_outputs, n_factors, cluster, acc_global)
 
-    monkeypatch.setattr(_cuda, "train_kernel", spy)
+    monkeypatch.setattr(_train, "train_kernel", spy)
     X, y, Xte, yte = _ctr(20000, 2**12, n_fields=6, n_numeric=2)
     est = GPUFactorizationMachine(n_factors=4, device="cuda", batch_size=64, max_iter=2,
                                   concurrency=concurrency, random_state=0).fit(X, y)
-    workers = {"auto": 4, 1: 1, "max": _cuda.default_grid(-(-20000 // 64))}[concurrency]
-    assert seen and seen[-1] == _cuda.cluster_for(workers)
-    assert all(workers * c <= _cuda.full_grid() for c in seen)
+    workers = {"auto": 4, 1: 1, "max": _runtime.default_grid(-(-20000 // 64))}[concurrency]
+    assert seen and seen[-1] == _runtime.cluster_for(workers)
+    assert all(workers * c <= _runtime.full_grid() for c in seen)
     cpu = GPUFactorizationMachine(n_factors=4, device="cpu", batch_size=64, max_iter=2,
                                   random_state=0).fit(X, y)
     assert roc_auc_score(yte, est.decision_function(Xte)) > \

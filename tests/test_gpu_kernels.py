@@ -456,9 +456,11 @@ def test_classic_kernel_matches_per_sample_reference(cuda, model):
         w[nz] -= 0.05 * gw
         b -= 0.05 * d
     dst = cuda.put_state(st)
-    cuda.run_epoch_classic(cpsp.csr_matrix(X), cp.asarray(y.astype(np.float32)),
-                           cp.asarray(sw.astype(np.float32)), dst, params, order,
-                           deterministic=True)
+    from sklearn_cuwide._backends._cuda._classic import run_epoch_classic
+
+    run_epoch_classic(cpsp.csr_matrix(X), cp.asarray(y.astype(np.float32)),
+                      cp.asarray(sw.astype(np.float32)), dst, params, order,
+                      deterministic=True)
     out = cuda.get_state(dst)
     np.testing.assert_allclose(out.w[:, 0], w, rtol=1e-3, atol=1e-5)
     np.testing.assert_allclose(out.b[0], b, rtol=1e-3, atol=1e-5)

@@ -187,13 +187,21 @@ def test_importing_every_module_but_the_cuda_backend_does_not_import_cupy():
         """
         import importlib, pkgutil
         import sklearn_cuwide
-        skipped = {"sklearn_cuwide._backends._cuda", "sklearn_cuwide.__main__"}
+        # the CUDA backend (a package: walk_packages would import it to
+        # descend) and the kernel sources' folder are not walked
+        skipped = {"sklearn_cuwide.__main__", "sklearn_cuwide.cuda",
+                   "sklearn_cuwide._backends._cuda"}
         seen = []
-        for m in pkgutil.walk_packages(sklearn_cuwide.__path__, "sklearn_cuwide."):
-            if m.name in skipped or m.name.startswith("sklearn_cuwide.cuda"):
-                continue
-            importlib.import_module(m.name)
-            seen.append(m.name)
+        todo = [(sklearn_cuwide.__path__, "sklearn_cuwide.")]
+        while todo:
+            path, prefix = todo.pop()
+            for m in pkgutil.iter_modules(path, prefix):
+                if m.name in skipped:
+                    continue
+                mod = importlib.import_module(m.name)
+                seen.append(m.name)
+                if m.ispkg:
+                    todo.append((mod.__path__, m.name + "."))
         assert "sklearn_cuwide._backends._cpu" in seen, seen
         """
     )

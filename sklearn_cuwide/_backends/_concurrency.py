@@ -96,3 +96,59 @@ def cluster_for(workers, slots, sizes=CLUSTER_SIZES):
         if int(workers) * int(cl) <= int(slots):
             return int(cl)
     return 1
+
+
+# --------------------------------------------------------------------------
+# steps under concurrency: a worker's step is damped by how many others
+# update the same feature from the same stale weights
+# --------------------------------------------------------------------------
+def default_staleness(model, solver):
+    """The step policy under concurrency (see :doc:`/design/staleness`):
+    ``"sqrt"`` for sgd (its step of 1 / L needs the concurrent steps divided
+    by sqrt(#updaters)); ``"cap-auto"`` for the FM and ``"cap-step"`` for LR
+    with Adagrad (undamped up to C expected concurrent updaters, scaled by
+    C / updaters beyond: lock-free sums keep LR's AUC but overshoot its
+    logloss on the features present in every row)."""
+    if solver == "sgd":
+        return "sqrt"
+    return "cap-auto" if model == "fm" else "cap-step"
+
+
+#: ``"cap-step"``: the summed undamped first steps of a feature (Adagrad's
+#: first step is ``learning_rate`` in size) move it by at most this much
+STEP_BOUND = 2.0
+
+
+def staleness_cap(staleness, n_blocks, learning_rate=None):
+    """C of a ``"capC"`` / ``"cap-auto"`` / ``"cap-step"`` policy for
+    ``n_blocks`` workers (None for the other policies).
+
+    ``"cap-auto"``: C = max(4, P / 11), for the FM; ``"cap-step"``:
+    C = max(4, STEP_BOUND / learning_rate), for LR.  P is the epoch's full
+    grid, also in the warm-up stages (their fewer workers are then damped
+    less or not at all).
+    """
+    if not (isinstance(staleness, str) and staleness.startswith("cap")):
+        return None
+    if staleness == "cap-auto":
+        return max(4.0, n_blocks / 11.0)
+    if staleness == "cap-step":
+        return max(4.0, STEP_BOUND / float(learning_rate))
+    return float(staleness[3:])
+
+
+def default_ramp(model):
+    """Mini-batches per worker of each stage of the first epoch's warm-up
+    (1, 2, 4, ... workers before the full grid): the first steps move the
+    model most, so they are taken from the freshest weights."""
+    return 32 if model == "fm" else 8
+
+
+def ramp_stages(ramp, grid):
+    """The warm-up stages ``[(workers, mini-batches), ...]`` of ``ramp``
+    mini-batches per worker before ``grid`` workers (none when ``ramp`` is 0)."""
+    stages, P = [], 1
+    while ramp and P < grid:
+        stages.append((P, int(ramp) * P))
+        P *= 2
+    return stages

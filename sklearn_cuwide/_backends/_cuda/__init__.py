@@ -1,0 +1,46 @@
+"""The CUDA backend: the cuWide kernels of ``cuda/`` through CuPy.
+
+The only package of sklearn-cuwide that imports cupy.  It has the functions
+of the backend interface (:class:`sklearn_cuwide._backends.Backend`); its
+modules mirror ``cuda/``:
+
+* :mod:`._runtime` -- the device, its properties, moving arrays to and from it;
+* :mod:`._layout` -- the training layout on the device (built there, or a
+  host layout streamed in);
+* :mod:`._train` -- ``cuwide_train.cu`` and its launcher, :func:`run_epoch`;
+* :mod:`._predict` -- ``cuwide_predict.cu``, decision values from CSR;
+* :mod:`._lbfgs` -- ``cuwide_lbfgs.cu`` and the full-batch products;
+* :mod:`._validate` -- checks of cupy / cupyx input, on the device;
+* :mod:`._classic` -- ``cuwide_classic.cu``, the classic schema: the
+  benchmarks' ablation baseline, never used by the estimators.
+"""
+
+import cupy as cp
+
+from ._layout import build_layout, put_layout
+from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
+from ._predict import decision_function
+from ._runtime import (
+    concurrent_blocks,
+    free_memory,
+    get_state,
+    put_csr,
+    put_state,
+    synchronize,
+    tile_shape,
+    to_device,
+    to_host,
+    use_device,
+)
+from ._train import run_epoch
+from ._validate import validate_input
+
+name = "cuda"
+xp = cp
+
+__all__ = [
+    "name", "xp", "use_device", "tile_shape", "concurrent_blocks", "free_memory",
+    "to_device", "to_host", "synchronize", "put_csr", "put_state", "get_state",
+    "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
+    "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
+]

@@ -1,0 +1,237 @@
+"""The training layout on the device: built there from the user's matrix
+(:func:`build_layout`), or copied from a host-built one with its nonzeros
+streamed in (:class:`DeviceLayout`).
+
+:func:`put_layout` copies the small index arrays of a host
+:class:`~sklearn_cuwide._layout.TileLayout` at once and leaves the nonzeros
+(``feat``, ``row``, ``val``: nearly all the bytes) on the host.  They stream
+in during the first epoch: the mini-batches are cut into chunks, and while
+the kernel trains on chunk ``c`` the next chunk is staged in pinned host
+memory and copied on a second stream (events order the two).  If the layout
+fits the device-memory budget, the chunks are copied into resident device
+arrays and later epochs run from device memory; if not, every epoch streams
+the chunks through two device buffers.
+"""
+
+import itertools
+
+import cupy as cp
+import cupyx.scipy.sparse as cpsp
+import numpy as np
+
+from ... import _layout
+from ._runtime import free_memory
+
+#: a fresh token for each penalty-scale array a layout computes
+_TOKENS = itertools.count(1)
+
+
+def build_layout(X, memory_budget=None, **kw):
+    """Build the training layout on the GPU (cupy sorts, chunk by chunk).
+
+    When the layout would not fit ``memory_budget`` (default: 80% of the
+    free device memory), it is built on the host instead and streamed in
+    every epoch.
+    """
+    nnz = int(X.nnz)
+    need = nnz * 10 + (64 << 20)
+    if memory_budget is None:
+        memory_budget = int(0.8 * free_memory())
+    if need > memory_budget:
+        if cpsp.issparse(X):  # streamed from the host every epoch anyway
+            X = X.get()
+        return _layout.build_layout(X, xp=np, **kw)
+    kw.setdefault("chunk_nnz", 1 << 23)
+    return _layout.build_layout(X, xp=cp, **kw)
+
+
+class DeviceLayout:
+    """A TileLayout whose index arrays are on the device; nonzeros stream in.
+
+    Parameters
+    ----------
+    layout : TileLayout (host)
+    memory_budget : int or None
+        Device bytes the nonzeros may take; ``None``: 80% of what is free.
+    chunk_bytes : int
+        Bytes of nonzeros per streamed chunk.
+    """
+
+    def __init__(self, layout, memory_budget=None, chunk_bytes=64 << 20):
+        self.host = layout
+        self.n_hot = layout.n_hot
+        self.sample_block = layout.sample_block
+        self.n_batches = layout.n_batches
+        self.n_rows = layout.n_rows
+        self.tile_ptr = cp.asarray(layout.tile_ptr)
+        self.sblock_row_ptr = cp.asarray(layout.sblock_row_ptr)
+        self.batch_sblock_ptr = cp.asarray(layout.batch_sblock_ptr)
+        self.bytes_per_nnz = (
+            layout.feat.itemsize + layout.row.itemsize + layout.val.itemsize
+        )
+        self._pinned = None
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.counts = layout.feature_counts[layout.feature_order]
+        self._scale = self._q = self._pscale = None
+        if isinstance(layout.feat, cp.ndarray):  # built on the device
+            self.resident = self.uploaded = True
+            self.feat, self.row, self.val = layout.feat, layout.row, layout.val
+            self.chunks = [(0, layout.n_batches)]
+            self.chunk_nnz = [(0, layout.nnz)]
+            self.max_chunk = layout.nnz
+            return
+        nnz_bytes = layout.nnz * self.bytes_per_nnz
+        if memory_budget is None:
+            memory_budget = int(0.8 * free_memory())
+        self.resident = nnz_bytes <= memory_budget
+        # chunks: contiguous runs of mini-batches of about chunk_bytes
+        bstart = layout.tile_ptr[2 * layout.batch_sblock_ptr]  # nnz start per batch
+        per_chunk = max(1, int(chunk_bytes // self.bytes_per_nnz))
+        bounds = [0]
+        if layout.n_batches:
+            targets = np.arange(per_chunk, layout.nnz, per_chunk)
+            cut = np.unique(np.searchsorted(bstart[:-1], targets, side="left"))
+            bounds += [int(c) for c in cut if 0 < c < layout.n_batches]
+            bounds.append(layout.n_batches)
+        self.chunks = list(zip(bounds[:-1], bounds[1:]))
+        self.chunk_nnz = [
+            (int(bstart[a]), int(bstart[b])) for a, b in self.chunks
+        ]
+        self.max_chunk = max((b - a for a, b in self.chunk_nnz), default=0)
+        self.uploaded = False
+        if self.resident:
+            self.feat = cp.empty(layout.nnz, dtype=layout.feat.dtype)
+            self.row = cp.empty(layout.nnz, dtype=layout.row.dtype)
+            self.val = cp.empty(layout.nnz, dtype=layout.val.dtype)
+        else:
+            self.buffers = [
+                tuple(
+                    cp.empty(max(self.max_chunk, 1), dtype=a.dtype)
+                    for a in (layout.feat, layout.row, layout.val)
+                )
+                for _ in range(2)
+            ]
+
+    def batch_weight_on_device(self, batch_weight):
+        """The per-batch weights as a device array (uploaded once)."""
+        cached = getattr(self, "_bw", None)
+        if cached is not None and cached[0] is batch_weight:
+            return cached[1]
+        dev = cp.asarray(np.asarray(batch_weight, dtype=np.float32))
+        self._bw = (batch_weight, dev)
+        return dev
+
+    def concurrency_scale(self, n_concurrent, power=1.0, cap=None):
+        """Per-feature step scale for ``n_concurrent`` blocks in flight.
+
+        A feature present in a fraction ``q`` of the mini-batches is updated
+        by about ``1 + (P - 1) q`` blocks from the same stale weights; its
+        step is divided by that (staleness-aware asynchronous SGD).  Returns
+        (device array in layout order, the number of leading features that
+        it damps, scale of the intercept): every feature from that index on
+        has a scale of 1, so the kernel reads no scale for it (with a cap,
+        these are the cold features, which few blocks update at once).
+        """
+        P = int(n_concurrent)
+        key = (P, float(power), cap)
+        if self._scale is None or self._scale[0] != key:
+            if self._q is None:
+                q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
+                self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
+            updaters = 1.0 + (P - 1) * self._q
+            if cap is not None:  # undamped up to `cap` concurrent updaters
+                s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
+            else:
+                s, sb = updaters ** (-power), float(P) ** -power
+            damped = cp.flatnonzero(s < 1.0)
+            n_scaled = int(damped[-1]) + 1 if damped.size else 0
+            # one level kept: 4 bytes per feature, not 4 per level of the ramp
+            self._scale = (key, (s.astype(cp.float32), n_scaled, sb))
+        return self._scale[1]
+
+    def penalty_scale(self):
+        """:func:`sklearn_cuwide._layout.penalty_scale` on the device (float32,
+        layout order), computed once: where the nonzeros are (on the device
+        when built there, else on the host)."""
+        if self._pscale is None:
+            if isinstance(self.host.feat, cp.ndarray):
+                self._pscale = _layout.penalty_scale(self.host, cp)
+            else:
+                self._pscale = cp.asarray(_layout.penalty_scale(self.host, np))
+            self._pscale_token = next(_TOKENS)
+        return self._pscale
+
+    @property
+    def nbytes(self):
+        """Device bytes this layout holds."""
+        small = self.tile_ptr.nbytes + self.sblock_row_ptr.nbytes
+        small += self.batch_sblock_ptr.nbytes
+        if self.resident:
+            return small + self.host.nnz * self.bytes_per_nnz
+        return small + 2 * self.max_chunk * self.bytes_per_nnz
+
+    def _pinned_buffers(self):
+        if self._pinned is None:
+            h = self.host
+            self._pinned = []
+            for _ in range(2):
+                bufs = []
+                for a in (h.feat, h.row, h.val):
+                    n = max(self.max_chunk, 1)
+                    mem = cp.cuda.alloc_pinned_memory(n * a.itemsize)
+                    bufs.append(np.frombuffer(mem, dtype=a.dtype, count=n))
+                self._pinned.append(bufs)
+            self._pinned_events = [None, None]
+        return self._pinned
+
+    def _stage(self, k, slot, wait_for):
+        """Copy chunk ``k`` host -> pinned buffer ``slot`` -> device, async.
+
+        ``wait_for``: an event the device copy must wait for (the kernel
+        that last read the device buffer of this slot), or None.
+        """
+        pinned = self._pinned_buffers()
+        h = self.host
+        a, b = self.chunk_nnz[k]
+        ev_prev = self._pinned_events[slot]
+        if ev_prev is not None:
+            ev_prev.synchronize()  # the copy that last read this pinned buffer is done
+        pb = pinned[slot]
+        for src, dst in zip((h.feat, h.row, h.val), pb):
+            dst[: b - a] = src[a:b]
+        if self.resident:
+            targets = (self.feat[a:b], self.row[a:b], self.val[a:b])
+            arrays, base = (self.feat, self.row, self.val), 0
+        else:
+            targets = tuple(buf[: b - a] for buf in self.buffers[slot])
+            arrays, base = self.buffers[slot], a
+        if wait_for is not None:
+            self.copy_stream.wait_event(wait_for)
+        for src, dst in zip(pb, targets):
+            dst.set(src[: b - a], stream=self.copy_stream)
+        ev = self.copy_stream.record()
+        self._pinned_events[slot] = ev
+        return ev, arrays, base
+
+    def stream_chunks(self, order_chunks, compute_stream):
+        """Yield ``(chunk, (feat, row, val), nnz_base)`` for each chunk, after
+        making ``compute_stream`` wait for its copy.  The caller launches the
+        chunk's kernel; the next chunk's copy is then issued, so it overlaps
+        that kernel."""
+        kernel_done = [None, None]  # per slot: event after the last kernel on it
+        staged = self._stage(order_chunks[0], 0, None) if order_chunks else None
+        for n, k in enumerate(order_chunks):
+            ev, arrays, base = staged
+            compute_stream.wait_event(ev)
+            yield k, arrays, base
+            kernel_done[n % 2] = compute_stream.record()
+            if n + 1 < len(order_chunks):
+                slot = (n + 1) % 2
+                wait = None if self.resident else kernel_done[slot]
+                staged = self._stage(order_chunks[n + 1], slot, wait)
+        if self.resident:
+            self.uploaded = True
+
+
+def put_layout(layout, memory_budget=None, chunk_bytes=64 << 20):
+    return DeviceLayout(layout, memory_budget=memory_budget, chunk_bytes=chunk_bytes)

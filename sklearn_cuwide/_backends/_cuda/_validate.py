@@ -1,0 +1,103 @@
+"""Input validation on the device (cupy / cupyx input to the estimators)."""
+
+import cupy as cp
+import cupyx.scipy.sparse as cpsp
+import numpy as np
+
+from ..._sparse import canonical_csr
+
+
+def validate_input(X, estimator_name=None):
+    """Check cupy / cupyx input on the device; return a canonical cupyx CSR.
+
+    The device counterpart of scikit-learn's ``check_array(X,
+    accept_sparse=..., dtype=[float32, float64])``, with its error messages:
+    ``X`` must be 2-D, have at least one sample and one feature, not be
+    complex, and hold no NaN or infinity.  float32 and float64 are kept;
+    other dtypes (bool, integers, float16) become float32.  A dense cupy
+    array becomes a cupyx CSR matrix; CSC, COO (and other cupyx formats)
+    are converted; the result is canonical (sorted indices, duplicates
+    summed) and never the user's matrix modified.
+
+    Nothing of ``X`` goes to the host: the finiteness check is one scalar
+    read (and, only when it fails, one more to tell NaN from infinity).
+
+    Parameters
+    ----------
+    X : cupy.ndarray or cupyx.scipy.sparse matrix
+    estimator_name : str or None
+        Named in the messages as scikit-learn does.
+
+    Returns
+    -------
+    cupyx.scipy.sparse.csr_matrix
+    """
+    sparse = bool(cpsp.issparse(X))
+    if not sparse and not isinstance(X, cp.ndarray):
+        raise TypeError(
+            "expected a cupy.ndarray or a cupyx.scipy.sparse matrix, got "
+            f"{type(X).__module__}.{type(X).__qualname__}"
+        )
+    by = f" by {estimator_name}" if estimator_name else ""
+    what = (
+        f"<{type(X).__module__}.{type(X).__qualname__} of shape "
+        f"{tuple(X.shape)} and dtype {X.dtype}>"
+    )
+    dtype = np.dtype(X.dtype)
+    if dtype.kind == "c":
+        raise ValueError(f"Complex data not supported\n{what}\n")
+    if dtype.kind not in "biuf":
+        raise ValueError(
+            f"dtype {dtype} is not supported{by}: convert the data to numeric "
+            "values explicitly."
+        )
+    if X.ndim == 0:
+        raise ValueError(
+            f"Expected 2D array, got scalar array instead:\narray={what}.\n"
+            "Reshape your data either using array.reshape(-1, 1) if "
+            "your data has a single feature or array.reshape(1, -1) "
+            "if it contains a single sample."
+        )
+    if X.ndim == 1:
+        raise ValueError(
+            f"Expected 2D array, got 1D array instead:\narray={what}.\n"
+            "Reshape your data either using array.reshape(-1, 1) if "
+            "your data has a single feature or array.reshape(1, -1) "
+            "if it contains a single sample."
+        )
+    if X.ndim > 2:
+        raise ValueError(
+            f"Found array with dim {X.ndim}, while dim <= 2 is required{by}."
+        )
+    n_samples, n_features = (int(s) for s in X.shape)
+    if n_samples < 1:
+        raise ValueError(
+            f"Found array with {n_samples} sample(s) (shape={tuple(X.shape)}) "
+            f"while a minimum of 1 is required{by}."
+        )
+    if n_features < 1:
+        raise ValueError(
+            f"Found array with {n_features} feature(s) (shape={tuple(X.shape)}) "
+            f"while a minimum of 1 is required{by}."
+        )
+    if dtype not in (np.float32, np.float64):
+        X = X.astype(cp.float32)  # a new array / matrix
+    if dtype.kind == "f":  # bool and integers are finite
+        values = X.data if sparse else X
+        if values.size and not bool(cp.isfinite(values).all()):  # one sync
+            if bool(cp.isnan(values).any()):
+                msg = "Input X contains NaN."
+                if estimator_name:
+                    msg += (
+                        f"\n{estimator_name} does not accept missing values "
+                        "encoded as NaN natively."
+                    )
+            else:
+                msg = (
+                    "Input X contains infinity or a value too large for "
+                    f"{np.dtype(X.dtype)!r}."
+                )
+            raise ValueError(msg)
+    if not sparse:
+        X = cpsp.csr_matrix(X)  # cuSPARSE dense -> CSR (any memory order)
+    return canonical_csr(X)
