@@ -10,21 +10,19 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
-    _WideClassifierMixin,
-    COMPUTE_DTYPE,
-    _as_csr,
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
-    _learning_rate,
-    _logit_prior,
-    _make_layout,
-    _optimizer_arrays,
-    _restore_accumulators,
-    _run_minibatch,
-    _seeds,
-    _take_rows,
-    _validation_split,
+    _schedule,
+    _WideClassifierMixin,
+)
+from ._minibatch import (
+    COMPUTE_DTYPE,
+    auto_learning_rate,
+    fit_heads,
+    logit_prior,
+    optimizer_arrays,
+    restore_accumulators,
 )
 from ._state import ModelState, StepParams
 
@@ -206,99 +204,56 @@ class _BaseFM(_CuWideEstimator):
             st.w[:] = w
             st.b[:] = b
             st.V[:] = V
-            states.append(_restore_accumulators(st, acc))
+            states.append(restore_accumulators(st, acc))
         return states
 
     def _intercept_init(self, t, sw):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, max_iter,
-                   partial):
-        """Train one FM per target vector on a shared layout.
+    def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, partial):
+        """Train one FM per target vector on a shared layout (a list of
+        :class:`~sklearn_cuwide._minibatch.HeadResult`)."""
+        n_features = X.shape[1]
 
-        Returns a list of ``(state, n_iter, loss_curve)``.
-        """
-        n_samples, n_features = X.shape
-        seed_split, seed_layout, seed_epochs, seed_init = _seeds(self.random_state)
-        X = _as_csr(X)
-        tr = va = None
-        Xv = None
-        if self.early_stopping and not partial:
-            tr, va = _validation_split(
-                n_samples, self.validation_fraction, stratify, seed_split
+        def make_params(X_train, sw_train):
+            return StepParams(
+                model="fm", loss=self._loss, solver=self.solver,
+                learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
+                               else auto_learning_rate(self.solver, X_train, sw_train,
+                                                       loss=self._loss, backend=backend,
+                                                       fit_intercept=self.fit_intercept)),
+                l2_w=float(self.alpha), l2_v=float(self.beta),
+                fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
+                penalty_scaled=bool(self.scale_penalty),
             )
-            Xv, swv = _take_rows(X, va, backend), sw[va]
-            X, sw = _take_rows(X, tr, backend), sw[tr]
-        params = StepParams(
-            model="fm",
-            loss=self._loss,
-            solver=self.solver,
-            learning_rate=_learning_rate(self, X, sw, loss=self._loss, backend=backend),
-            l2_w=float(self.alpha),
-            l2_v=float(self.beta),
-            fit_intercept=self.fit_intercept,
-            fit_linear=self.fit_linear,
-            penalty_scaled=bool(self.scale_penalty),
-        )
-        layout = _make_layout(
-            X, params, backend=backend, n_outputs=1, n_factors=self.n_factors,
-            batch_size=self.batch_size, shuffle=self.shuffle, seed=seed_layout,
-        )
-        results = []
-        for k, t in enumerate(targets):
-            t = np.asarray(t, dtype=np.float64)
-            validation = None
-            if va is not None:
-                validation = (Xv, t[va], swv)
-                t = t[tr]
-            if warm is not None:
-                state = warm[k]
-            else:
-                state = ModelState.zeros(
-                    n_features,
-                    1,
-                    self.n_factors,
-                    adagrad=self.solver == "adagrad",
-                    dtype=COMPUTE_DTYPE,
-                    init_scale=self.init_scale,
-                    random_state=seed_init + k,
-                )
-                if self.fit_intercept:
-                    state.b[:] = self._intercept_init(t, sw)
-            out, n_iter, curve, _ = _run_minibatch(
-                layout,
-                t.astype(COMPUTE_DTYPE),
-                sw,
-                state,
-                params,
-                backend=backend,
-                max_iter=max_iter,
-                tol=None if partial else self.tol,
-                n_iter_no_change=self.n_iter_no_change,
-                shuffle=self.shuffle,
-                seed=seed_epochs + k,
-                validation=validation,
-                verbose=self.verbose,
-                fresh=warm is None,
-                concurrency=self.concurrency,
+
+        def init_state(_, t, sw_train, seed):
+            state = ModelState.zeros(
+                n_features, 1, self.n_factors, adagrad=self.solver == "adagrad",
+                dtype=COMPUTE_DTYPE, init_scale=self.init_scale, random_state=seed,
             )
-            results.append((out, n_iter, curve))
-        return results
+            if self.fit_intercept:
+                state.b[:] = self._intercept_init(t, sw_train)
+            return state
+
+        return fit_heads(
+            X, targets, sw, backend=backend, schedule=_schedule(self, partial=partial),
+            n_outputs=1, n_factors=self.n_factors, make_params=make_params,
+            init_state=init_state, warm=warm, stratify=stratify,
+        )
 
     def _store(self, results, *, partial):
         """Set the fitted attributes from the heads' results."""
-        W = np.stack([out.w[:, 0] for out, _, _ in results])
-        b = np.concatenate([np.asarray(out.b).ravel() for out, _, _ in results])
-        V = np.stack([out.V for out, _, _ in results])
+        W = np.stack([r.state.w[:, 0] for r in results])
+        b = np.concatenate([np.asarray(r.state.b).ravel() for r in results])
+        V = np.stack([r.state.V for r in results])
         if not self.fit_intercept:
             b = np.zeros_like(b)
         self._set_model(W, b.astype(W.dtype), V)
-        n_iter = max(n for _, n, _ in results)
-        length = max(len(c) for _, _, c in results)
-        curve = [
-            float(sum(c[min(e, len(c) - 1)] for _, _, c in results if c))
-            for e in range(length)
-        ]
+        n_iter = max(r.n_iter for r in results)
+        curves = [r.loss_curve for r in results if r.loss_curve]
+        length = max((len(c) for c in curves), default=0)
+        curve = [float(sum(c[min(e, len(c) - 1)] for c in curves)) for e in range(length)]
         if partial and hasattr(self, "n_iter_"):
             self.n_iter_ = int(self.n_iter_) + n_iter
             self.loss_curve_ = list(self.loss_curve_) + curve
@@ -306,7 +261,7 @@ class _BaseFM(_CuWideEstimator):
             self.n_iter_ = int(n_iter)
             self.loss_curve_ = curve
         self._optimizer_state = (
-            [_optimizer_arrays(out) for out, _, _ in results]
+            [optimizer_arrays(r.state) for r in results]
             if self.solver == "adagrad"
             else None
         )
@@ -383,7 +338,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     _loss = "logistic"
 
     def _intercept_init(self, t, sw):
-        return _logit_prior(t, sw)
+        return logit_prior(t, sw)
 
     def _targets(self, y_idx):
         K = self.classes_.size
@@ -424,8 +379,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         self.classes_ = classes
         self.device_ = device_
         results = self._fit_heads(
-            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx,
-            max_iter=self.max_iter, partial=False,
+            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx, partial=False,
         )
         self._store(results, partial=False)
         self._set_gpu_cache(backend)
@@ -458,8 +412,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         warm = self._warm_states(X.shape[1], n_heads)
         self.device_ = device_
         results = self._fit_heads(
-            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx,
-            max_iter=1, partial=True,
+            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx, partial=True,
         )
         self._store(results, partial=True)
         self._set_gpu_cache(backend)
@@ -567,8 +520,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
         self.device_ = device_
         results = self._fit_heads(
-            X, [y], sw, backend, warm, stratify=None, max_iter=self.max_iter,
-            partial=False,
+            X, [y], sw, backend, warm, stratify=None, partial=False,
         )
         self._store(results, partial=False)
         self._set_gpu_cache(backend)
@@ -595,7 +547,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         warm = None if first else self._warm_states(X.shape[1], 1)
         self.device_ = device_
         results = self._fit_heads(
-            X, [y], sw, backend, warm, stratify=None, max_iter=1, partial=True,
+            X, [y], sw, backend, warm, stratify=None, partial=True,
         )
         self._store(results, partial=True)
         self._set_gpu_cache(backend)

@@ -15,23 +15,22 @@ from sklearn.utils.metaestimators import available_if
 
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
-    _WideClassifierMixin,
-    COMPUTE_DTYPE,
-    _as_csr,
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
-    _learning_rate,
-    _logit_prior,
-    _make_layout,
-    _optimizer_arrays,
-    _restore_accumulators,
-    _run_minibatch,
-    _seeds,
-    _take_rows,
-    _validation_split,
+    _schedule,
+    _WideClassifierMixin,
+)
+from ._minibatch import (
+    COMPUTE_DTYPE,
+    auto_learning_rate,
+    fit_heads,
+    logit_prior,
+    optimizer_arrays,
+    restore_accumulators,
 )
 from ._solvers import fit_lbfgs_linear
+from ._sparse import canonical_csr
 from ._state import ModelState, StepParams
 
 __all__ = ["GPULogisticRegression"]
@@ -315,7 +314,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             self._fit_lbfgs(X, y_idx, sw, C, backend, warm)
         else:
             self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm,
-                                max_iter=self.max_iter, partial=False)
+                                partial=False)
         self._set_gpu_cache(backend)
         return self
 
@@ -357,8 +356,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         sw = _class_weighted(self.class_weight, self.classes_, y, sw)
         warm = self._warm_arrays(X.shape[1], self.classes_, force=True)
         self.device_ = device_
-        self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm,
-                            max_iter=1, partial=True)
+        self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm, partial=True)
         self._set_gpu_cache(backend)
         return self
 
@@ -376,7 +374,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     def _fit_lbfgs(self, X, y_idx, sw, C, backend, warm):
         n_classes = self.classes_.size
         D = 1 if n_classes == 2 else n_classes
-        Xc = _as_csr(X, COMPUTE_DTYPE)
+        Xc = canonical_csr(X, COMPUTE_DTYPE)
         coef, intercept, n_iter, curve = fit_lbfgs_linear(
             backend.put_csr(Xc),
             y_idx.astype(np.float64),
@@ -404,84 +402,56 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self.loss_curve_ = [float(v) for v in curve]
         self._optimizer_state = None
 
-    def _fit_minibatch(self, X, y_idx, sw, C, l1_ratio, backend, warm, *,
-                       max_iter, partial):
-        n_samples, n_features = X.shape
-        n_classes = self.classes_.size
-        D = 1 if n_classes == 2 else n_classes
+    def _fit_minibatch(self, X, y_idx, sw, C, l1_ratio, backend, warm, *, partial):
+        n_features = X.shape[1]
+        D = 1 if self.classes_.size == 2 else self.classes_.size
         loss = "logistic" if D == 1 else "multinomial"
-        seed_split, seed_layout, seed_epochs, _ = _seeds(self.random_state)
-        X = _as_csr(X)
-        validation = None
-        early = self.early_stopping and not partial
-        if early:
-            tr, va = _validation_split(
-                n_samples, self.validation_fraction, y_idx, seed_split
-            )
-            validation = (
-                _take_rows(X, va, backend), y_idx[va].astype(np.float64), sw[va]
-            )
-            X, y_idx, sw = _take_rows(X, tr, backend), y_idx[tr], sw[tr]
-        S = float(sw.sum())
-        if math.isfinite(C):
-            l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
-        else:
+        adagrad = self.solver == "adagrad"
+
+        def make_params(X_train, sw_train):
+            S = float(sw_train.sum())
             l2_w, l1 = 0.0, 0.0
-        params = StepParams(
-            model="linear",
-            loss=loss,
-            solver=self.solver,
-            learning_rate=_learning_rate(self, X, sw, loss=loss, backend=backend),
-            l2_w=l2_w,
-            l1=l1,
-            fit_intercept=self.fit_intercept,
-            # C defines scikit-learn's full objective: every feature is
-            # penalised per epoch as its stochastic gradient would
-            penalty_scaled=True,
-        )
-        state = ModelState.zeros(
-            n_features, D, adagrad=self.solver == "adagrad", dtype=COMPUTE_DTYPE
-        )
+            if math.isfinite(C):
+                l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
+            return StepParams(
+                model="linear", loss=loss, solver=self.solver,
+                learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
+                               else auto_learning_rate(self.solver, X_train, sw_train,
+                                                       loss=loss, backend=backend,
+                                                       fit_intercept=self.fit_intercept)),
+                l2_w=l2_w, l1=l1, fit_intercept=self.fit_intercept,
+                # C defines scikit-learn's full objective: every feature is
+                # penalised per epoch as its stochastic gradient would be
+                penalty_scaled=True,
+            )
+
+        def init_state(_, t, sw_train, seed):
+            state = ModelState.zeros(n_features, D, adagrad=adagrad, dtype=COMPUTE_DTYPE)
+            if self.fit_intercept:
+                state.b[:] = _intercept_prior(t.astype(np.intp), sw_train, D)
+            return state
+
+        warm_states = None
         if warm is not None:
+            state = ModelState.zeros(n_features, D, adagrad=adagrad, dtype=COMPUTE_DTYPE)
             state.w[:] = np.asarray(warm[0]).T
             state.b[:] = warm[1]
-            _restore_accumulators(state, warm[2])
-        elif self.fit_intercept:
-            state.b[:] = _intercept_prior(y_idx, sw, D)
-        layout = _make_layout(
-            X, params, backend=backend, n_outputs=D, n_factors=0,
-            batch_size=self.batch_size, shuffle=self.shuffle, seed=seed_layout,
+            warm_states = [restore_accumulators(state, warm[2])]
+        (res,) = fit_heads(
+            X, [y_idx], sw, backend=backend, schedule=_schedule(self, partial=partial),
+            n_outputs=D, n_factors=0, make_params=make_params, init_state=init_state,
+            warm=warm_states, stratify=y_idx,
         )
-        out, n_iter, curve, _ = _run_minibatch(
-            layout,
-            y_idx.astype(COMPUTE_DTYPE),
-            sw,
-            state,
-            params,
-            backend=backend,
-            max_iter=max_iter,
-            tol=None if partial else self.tol,
-            n_iter_no_change=self.n_iter_no_change,
-            shuffle=self.shuffle,
-            seed=seed_epochs,
-            validation=validation,
-            verbose=self.verbose,
-            fresh=warm is None,
-            concurrency=self.concurrency,
-        )
-        self.coef_ = np.ascontiguousarray(out.w.T)
-        self.intercept_ = np.array(out.b) if self.fit_intercept else np.zeros(
-            D, dtype=COMPUTE_DTYPE
-        )
+        self.coef_ = np.ascontiguousarray(res.state.w.T)
+        self.intercept_ = (np.array(res.state.b) if self.fit_intercept
+                           else np.zeros(D, dtype=COMPUTE_DTYPE))
         if partial and hasattr(self, "n_iter_"):
-            self.n_iter_ = self.n_iter_ + n_iter
-            self.loss_curve_ = list(self.loss_curve_) + list(curve)
+            self.n_iter_ = self.n_iter_ + res.n_iter
+            self.loss_curve_ = list(self.loss_curve_) + res.loss_curve
         else:
-            self.n_iter_ = np.array([n_iter], dtype=np.int32)
-            self.loss_curve_ = [float(v) for v in curve]
-        self._optimizer_state = (
-            _optimizer_arrays(out) if self.solver == "adagrad" else None
-        )
+            self.n_iter_ = np.array([res.n_iter], dtype=np.int32)
+            self.loss_curve_ = res.loss_curve
+        self._optimizer_state = optimizer_arrays(res.state) if adagrad else None
 
     # ------------------------------------------------------------------
     # predict
@@ -501,7 +471,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 def _intercept_prior(y_idx, sw, n_outputs):
     """Intercepts of the weighted class prior (the model with zero weights)."""
     if n_outputs == 1:
-        return _logit_prior((y_idx == 1).astype(np.float64), sw)
+        return logit_prior((y_idx == 1).astype(np.float64), sw)
     p = np.bincount(y_idx, weights=sw, minlength=n_outputs) / sw.sum()
     lp = np.log(np.clip(p, 1e-6, None))
     return lp - lp.mean()

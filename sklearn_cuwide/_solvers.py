@@ -16,8 +16,9 @@ import time
 import numpy as np
 
 from ._lbfgs import minimize_lbfgs
+from ._loss import pointwise_loss
 
-__all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights", "pointwise_loss"]
+__all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights"]
 
 
 def batch_weights(layout, sw_layout):
@@ -26,32 +27,6 @@ def batch_weights(layout, sw_layout):
     if starts.size == 0:
         return np.zeros(0)
     return np.add.reduceat(np.asarray(sw_layout, dtype=np.float64), starts)
-
-
-def pointwise_loss(xp, Z, y, loss):
-    """Per-sample loss and its derivative w.r.t. the decision values ``Z``.
-
-    ``Z`` is (n, n_outputs) float64; ``y`` holds 0/1 targets (logistic),
-    class indices (multinomial) or real targets (squared).
-    """
-    if loss == "logistic":
-        z = Z[:, 0]
-        lo = xp.logaddexp(0.0, z) - y * z
-        p = 0.5 * (1.0 + xp.tanh(0.5 * z))  # stable sigmoid
-        return lo, (p - y)[:, None]
-    if loss == "squared":
-        d = Z[:, 0] - y
-        return 0.5 * d * d, d[:, None]
-    zmax = Z.max(axis=1, keepdims=True)
-    ez = xp.exp(Z - zmax)
-    se = ez.sum(axis=1, keepdims=True)
-    lse = (xp.log(se) + zmax)[:, 0]
-    yi = y.astype(xp.int64)
-    rows = xp.arange(Z.shape[0])
-    lo = lse - Z[rows, yi]
-    P = ez / se
-    P[rows, yi] -= 1.0
-    return lo, P
 
 
 # --------------------------------------------------------------------------
@@ -186,8 +161,8 @@ def fit_minibatch(
     random_state=None,
     validation=None,
     verbose=0,
-    backend_options=None,
-    first_epoch_options=None,
+    workers=None,
+    ramp=0,
 ):
     """Epochs of mini-batch sgd/adagrad over a tile layout.
 
@@ -208,9 +183,13 @@ def fit_minibatch(
         Visit the mini-batches in a new random order every epoch.
     validation : tuple (X_val, y_val, sw_val) or None
         Held-out data in the user's order (X_val sparse, user feature order).
-    backend_options : dict, passed to ``backend.run_epoch``.
-    first_epoch_options : dict, added to ``backend_options`` in the first
-        epoch (e.g. the CUDA backend's concurrency warm-up ``ramp``).
+    workers : int or None
+        Mini-batches trained at once (``backend.concurrent_blocks``); 1
+        trains them strictly in order, None takes the backend's default.
+    ramp : int
+        The first epoch's warm-up: mini-batches per worker of each stage of
+        1, 2, 4, ... workers before ``workers`` (0: none; later epochs never
+        warm up).
 
     Returns
     -------
@@ -243,15 +222,14 @@ def fit_minibatch(
     loss_curve, val_curve = [], []
     best, no_improve = math.inf, 0
     n_iter = 0
-    opts = dict(backend_options or {})
     for epoch in range(int(max_iter)):
         order = rng.permutation(layout.n_batches) if shuffle else None
         if order is None:
             order = np.arange(layout.n_batches)
         t0 = time.perf_counter()
-        ep_opts = dict(opts, **(first_epoch_options or {})) if epoch == 0 else opts
         lsum = backend.run_epoch(
-            dev_layout, dev_y, dev_sw, bw, dstate, params, order, **ep_opts
+            dev_layout, dev_y, dev_sw, bw, dstate, params, order,
+            workers=workers, ramp=ramp if epoch == 0 else 0,
         )
         dt_epoch = time.perf_counter() - t0
         n_iter = epoch + 1

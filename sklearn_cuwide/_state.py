@@ -5,14 +5,15 @@ model's arrays and the optimiser's accumulators) and a :class:`StepParams`
 (the hyperparameters of one mini-batch step) and returns arrays.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from ._loss import LOSSES
 
 __all__ = ["StepParams", "ModelState", "LOSSES", "MODELS", "SOLVERS"]
 
 MODELS = ("linear", "fm")
-LOSSES = ("logistic", "multinomial", "squared")
 SOLVERS = ("sgd", "adagrad")
 
 
@@ -84,7 +85,6 @@ class ModelState:
     gw: object = None
     gV: object = None
     gb: object = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def n_outputs(self):
@@ -137,5 +137,4 @@ class ModelState:
             setattr(out, k, None if a is None else xp.ascontiguousarray(a[index]))
         out.b = self.b
         out.gb = self.gb
-        out.extra = dict(self.extra)
         return out

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 
-import sklearn_cuwide._base as base_module
+import sklearn_cuwide._minibatch as minibatch_module
 import sklearn_cuwide._logistic as logistic_module
 from sklearn_cuwide import (
     GPUFactorizationMachine,
@@ -131,7 +131,7 @@ _LAYOUT_FIELDS = [f.name for f in dataclasses.fields(TileLayout)]
 def _capture_solver_inputs(monkeypatch):
     """Record, on the host, what fit hands to the solver functions."""
     calls = []
-    real_minibatch = base_module.fit_minibatch
+    real_minibatch = minibatch_module.fit_minibatch
     real_lbfgs = logistic_module.fit_lbfgs_linear
 
     def minibatch(layout, y, sample_weight, state, params, **kw):
@@ -152,7 +152,7 @@ def _capture_solver_inputs(monkeypatch):
                       "sw": np.array(sample_weight)})
         return real_lbfgs(X, y, sample_weight, **kw)
 
-    monkeypatch.setattr(base_module, "fit_minibatch", minibatch)
+    monkeypatch.setattr(minibatch_module, "fit_minibatch", minibatch)
     monkeypatch.setattr(logistic_module, "fit_lbfgs_linear", lbfgs)
     return calls
 

@@ -1,12 +1,96 @@
-"""Backends: ``_cpu`` (numpy/scipy) and ``_cuda`` (CuPy + CUDA C kernels).
+"""Backends: where a fit's arrays live and its steps run.
 
-Both are modules with the same functions (``tile_shape``, ``put_layout``,
-``put_state``, ``get_state``, ``run_epoch``, ``decision_function``,
-``matmul``, ``rmatmul``, ...).  Only ``_cuda`` imports cupy, and only when
-it is asked for.
+Two modules satisfy :class:`Backend`: :mod:`._cpu` (numpy/scipy, the
+correctness reference) and :mod:`._cuda` (CuPy and the CUDA C kernels of
+``cuda/``; the only package that imports cupy, and only when it is asked
+for).  The solvers and the estimators call a backend through this interface
+alone, never by its name.
 """
 
-__all__ = ["get_backend"]
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Backend", "get_backend"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend module provides.
+
+    Arrays "on the backend" are numpy arrays for the CPU and cupy arrays for
+    the CUDA backend; ``to_device`` / ``to_host`` move them (no-ops on the
+    CPU).  Models are :class:`~sklearn_cuwide._state.ModelState` objects,
+    layouts :class:`~sklearn_cuwide._layout.TileLayout` objects (or what
+    ``put_layout`` makes of them), step hyperparameters
+    :class:`~sklearn_cuwide._state.StepParams`.
+    """
+
+    #: ``"cpu"`` or ``"cuda"``, for messages and ``device_``
+    name: str
+    #: the array module of the backend's arrays (numpy or cupy)
+    xp: object
+
+    # -- placement -----------------------------------------------------------
+    def holds(self, X) -> bool:
+        """True when ``X`` already lives on this backend's device (a cupy
+        array or cupyx matrix for the CUDA backend; never for the CPU)."""
+
+    def validate_input(self, X, estimator_name=None):
+        """``X`` held by this backend, checked as scikit-learn's
+        ``check_array`` does (same messages), as a canonical CSR matrix."""
+
+    def to_device(self, a):
+        """A host array on the backend."""
+
+    def to_host(self, a):
+        """A backend array as numpy."""
+
+    def synchronize(self):
+        """Wait for the backend's queued work."""
+
+    def put_csr(self, X, dtype=None):
+        """A sparse or dense matrix as the backend's canonical CSR."""
+
+    # -- mini-batch training -------------------------------------------------
+    def tile_shape(self, params, n_outputs, n_factors, batch_size):
+        """``(sample_block, n_hot_max)`` of the training layout."""
+
+    def concurrent_blocks(self, concurrency, params, n_batches):
+        """Workers (mini-batches trained at once) for the estimators'
+        ``concurrency`` parameter; 1 trains in order."""
+
+    def build_layout(self, X, **kw):
+        """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest."""
+
+    def put_layout(self, layout):
+        """A layout as ``run_epoch`` walks it."""
+
+    def put_state(self, state):
+        """A model state on the backend."""
+
+    def get_state(self, state):
+        """A backend model state as numpy."""
+
+    def run_epoch(self, layout, y, sw, batch_weight, state, params, batch_order, *,
+                  workers=None, ramp=0) -> float:
+        """One pass over the mini-batches in ``batch_order``; returns the sum
+        of ``sample_weight * loss``.  ``workers=1`` trains strictly in order;
+        ``ramp`` warms the concurrency up (the first epoch of a fresh fit)."""
+
+    # -- prediction and full-batch products -------------------------------
+    def decision_function(self, X, w, b, V=None, fit_linear=True):
+        """Decision values (n_samples, n_outputs) of a CSR matrix."""
+
+    def matmul(self, X, W):
+        """``X @ W`` for a backend CSR ``X`` and a dense ``W``."""
+
+    def rmatmul(self, X, E):
+        """``X.T @ E`` for a backend CSR ``X`` and a dense ``E``."""
+
+    def fused_objective(self, X, y, ws, *, loss, n_outputs, lam, fit_intercept):
+        """The L-BFGS objective's ``fun_grad`` in fused kernels, or None."""
+
+    def lbfgs_memory_ops(self):
+        """L-BFGS's products with its stored pairs, or None for numpy's."""
 
 
 def get_backend(device):

@@ -19,9 +19,9 @@ mini-batch's total weight); this is also what the CUDA kernels do.
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import expit, logsumexp
 
 from .._layout import penalty_scale
+from .._loss import pointwise_loss
 from .._sparse import canonical_csr
 
 name = "cpu"
@@ -40,22 +40,37 @@ def tile_shape(params, n_outputs, n_factors, batch_size):
     return _ts(NOMINAL_SHARED_PER_SM, params, n_outputs, n_factors, batch_size)
 
 
-def device_name():
-    return "cpu"
+def concurrent_blocks(concurrency, params, n_batches):
+    """Workers of an epoch: the CPU trains the mini-batches in order."""
+    return 1
 
 
 # --------------------------------------------------------------------------
-# data movement (no-ops on the CPU)
+# placement (the host is the CPU's device: no-ops)
 # --------------------------------------------------------------------------
+def holds(X):
+    """Nothing lives on a device of the CPU backend: input is validated on
+    the host as scikit-learn does."""
+    return False
+
+
+def validate_input(X, estimator_name=None):
+    """``X`` checked as scikit-learn's ``check_array`` does, as a canonical
+    CSR matrix of float32 or float64."""
+    from sklearn.utils import check_array
+
+    X = check_array(X, accept_sparse=["csr", "csc", "coo"],
+                    dtype=[np.float32, np.float64], accept_large_sparse=True,
+                    estimator=estimator_name, input_name="X")
+    return canonical_csr(sp.csr_matrix(X) if not sp.issparse(X) else X)
+
+
 def to_device(a):
     return a
 
 
 def to_host(a):
     return a
-
-
-layout_xp = np
 
 
 def build_layout(X, **kw):
@@ -94,24 +109,6 @@ def _bincount2(r, vals, m):
     d = vals.shape[1]
     idx = (r[:, None] * d + np.arange(d)).ravel()
     return np.bincount(idx, weights=vals.ravel(), minlength=m * d).reshape(m, d)
-
-
-def _loss_and_derivative(margin, y, loss):
-    """Per-sample loss and d loss / d margin (float64)."""
-    if loss == "logistic":
-        m = margin[:, 0]
-        lo = np.logaddexp(0.0, m) - y * m
-        return lo, (expit(m) - y)[:, None]
-    if loss == "squared":
-        d = margin[:, 0] - y
-        return 0.5 * d * d, d[:, None]
-    # multinomial: y holds class indices
-    lse = logsumexp(margin, axis=1)
-    yi = y.astype(np.intp)
-    lo = lse - margin[np.arange(margin.shape[0]), yi]
-    p = np.exp(margin - lse[:, None])
-    p[np.arange(p.shape[0]), yi] -= 1.0
-    return lo, p
 
 
 def _update(P, G, F, g, params, l1, l2):
@@ -178,7 +175,7 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
         margin += state.b
 
     # ---- loss: per sample ----
-    lo, d = _loss_and_derivative(margin, yb, params.loss)
+    lo, d = pointwise_loss(np, margin, yb, params.loss)
     e = d * (sb / w_batch)[:, None]  # (m, D)
     loss_sum = float(np.dot(sb, lo))
 
@@ -207,12 +204,20 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
     return loss_sum
 
 
-def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, **_):
-    """One pass over the mini-batches in ``batch_order``.
+def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *,
+              workers=None, ramp=0):
+    """One pass over the mini-batches in ``batch_order``, strictly in order.
 
+    ``workers`` must be None or 1 (the CPU has no concurrent workers);
+    ``ramp``, a warm-up of the concurrency, has nothing to warm up here.
     Returns the sum over samples of ``sample_weight * loss`` (each computed
     with the weights before its own block's update).
     """
+    if workers not in (None, 1):
+        raise ValueError(
+            f"the CPU backend trains the mini-batches in order: workers must be "
+            f"None or 1, got {workers!r}"
+        )
     total = 0.0
     bsp = layout.batch_sblock_ptr
     for bt in batch_order:

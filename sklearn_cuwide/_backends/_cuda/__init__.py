@@ -22,6 +22,7 @@ from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._predict import decision_function
 from ._runtime import (
     concurrent_blocks,
+    holds,
     free_memory,
     get_state,
     put_csr,
@@ -39,7 +40,7 @@ name = "cuda"
 xp = cp
 
 __all__ = [
-    "name", "xp", "use_device", "tile_shape", "concurrent_blocks", "free_memory",
+    "name", "xp", "use_device", "holds", "tile_shape", "concurrent_blocks", "free_memory",
     "to_device", "to_host", "synchronize", "put_csr", "put_state", "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",

@@ -85,6 +85,12 @@ def free_memory():
 # --------------------------------------------------------------------------
 # data movement
 # --------------------------------------------------------------------------
+def holds(X):
+    """True for a cupy array or a cupyx sparse matrix: it is validated and
+    used where it is, never copied to the host."""
+    return isinstance(X, cp.ndarray) or bool(cpsp.issparse(X))
+
+
 def to_device(a):
     return cp.asarray(a)
 

@@ -1,0 +1,249 @@
+"""The mini-batch driver the three estimators share.
+
+An estimator hands :func:`fit_heads` its data, one target vector per model
+("head": one for logistic regression and the regressor, one per class
+one-vs-rest for a multiclass FM), and two small functions: its step
+parameters for the training rows, and a head's starting state.  The driver
+does the rest the same way for all of them: the early-stopping split, one
+training layout shared by the heads, the concurrency, and the solver
+(:func:`sklearn_cuwide._solvers.fit_minibatch`) per head.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+from sklearn.utils import check_random_state
+
+from . import _device
+from ._backends import _concurrency
+from ._solvers import fit_minibatch
+from ._sparse import canonical_csr
+
+__all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate",
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
+
+#: the dtype of the model state and of the training layout's values
+COMPUTE_DTYPE = np.float32
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the mini-batches are cut and visited, and when training stops:
+    the estimators' shared parameters, resolved for one call."""
+
+    batch_size: int
+    max_iter: int
+    #: stop when the monitored loss gains less than ``tol`` for
+    #: ``n_iter_no_change`` epochs; None never stops early
+    tol: object
+    n_iter_no_change: int
+    shuffle: bool
+    #: the held-out share of early stopping, or None without it
+    validation_fraction: object
+    concurrency: object
+    verbose: int
+    random_state: object
+
+
+@dataclass
+class HeadResult:
+    """One head's fitted state (numpy, user feature order), epochs and curve."""
+
+    state: object
+    n_iter: int
+    loss_curve: list
+
+
+def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
+              make_params, init_state, warm=None, stratify=None):
+    """Train one model per target vector on one shared training layout.
+
+    Parameters
+    ----------
+    X : sparse matrix (n_samples, n_features), scipy or held by ``backend``
+    targets : list of arrays (n_samples,)
+        One per head: 0/1, class indices or real targets.
+    sample_weight : ndarray (n_samples,), float64
+    backend : a :class:`~sklearn_cuwide._backends.Backend`
+    schedule : Schedule
+    n_outputs, n_factors : int
+        The shape of one head's model (they size the layout's tiles).
+    make_params : callable ``(X_train, sw_train) -> StepParams``
+        The step hyperparameters for the training rows.
+    init_state : callable ``(head, t_train, sw_train, seed) -> ModelState``
+        A head's fresh starting state (numpy, user feature order).
+    warm : list of ModelState or None
+        States to continue from instead (one per head); the concurrency is
+        then not warmed up again.
+    stratify : ndarray (n_samples,) or None
+        Class indices to stratify the early-stopping split on.
+
+    Returns
+    -------
+    list of HeadResult
+    """
+    seed_split, seed_layout, seed_epochs, seed_init = _seeds(schedule.random_state)
+    X = canonical_csr(X)
+    tr = va = None
+    if schedule.validation_fraction is not None:
+        tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
+                                   seed_split)
+        Xv, swv = _take_rows(X, va, backend), sample_weight[va]
+        X, sample_weight = _take_rows(X, tr, backend), sample_weight[tr]
+    params = make_params(X, sample_weight)
+    sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
+                                                 schedule.batch_size)
+    layout = backend.build_layout(
+        X, batch_size=schedule.batch_size, sample_block=sample_block,
+        n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
+        dtype=COMPUTE_DTYPE,
+    )
+    workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
+    # a fresh model's first steps move it most: they are taken from the
+    # freshest weights, with the workers added in stages
+    ramp = _concurrency.default_ramp(params.model) if warm is None else 0
+    results = []
+    for k, t in enumerate(targets):
+        t = np.asarray(t, dtype=np.float64)
+        validation = None
+        if va is not None:
+            validation = (Xv, t[va], swv)
+            t = t[tr]
+        state = warm[k] if warm is not None else init_state(k, t, sample_weight,
+                                                           seed_init + k)
+        out, n_iter, curve, _ = fit_minibatch(
+            layout, t.astype(COMPUTE_DTYPE), sample_weight, state, params,
+            backend=backend, max_iter=schedule.max_iter, tol=schedule.tol,
+            n_iter_no_change=schedule.n_iter_no_change, shuffle=schedule.shuffle,
+            random_state=seed_epochs + k, validation=validation,
+            verbose=schedule.verbose, workers=workers, ramp=ramp,
+        )
+        results.append(HeadResult(out, n_iter, [float(v) for v in curve]))
+    return results
+
+
+# --------------------------------------------------------------------------
+# the pieces
+# --------------------------------------------------------------------------
+def _seeds(random_state, n=4):
+    """``n`` independent integer seeds drawn from ``random_state``: the
+    early-stopping split, the layout's row order, the epochs' batch order
+    and the initial factors."""
+    rs = check_random_state(random_state)
+    return [int(s) for s in rs.randint(0, np.iinfo(np.int32).max, size=n)]
+
+
+def _validation_split(n_samples, validation_fraction, stratify, seed):
+    """Indices ``(train, validation)`` for early stopping, stratified on
+    ``stratify`` (class indices) for classifiers."""
+    n_val = int(np.ceil(validation_fraction * n_samples))
+    if stratify is not None:
+        n_classes = np.unique(stratify).size
+        splitter = StratifiedShuffleSplit(test_size=validation_fraction, random_state=seed)
+    else:
+        n_classes = 1
+        splitter = ShuffleSplit(test_size=validation_fraction, random_state=seed)
+    if n_val < n_classes or n_samples - n_val < n_classes:
+        raise ValueError(
+            f"The validation set of early stopping (validation_fraction="
+            f"{validation_fraction}) would have {n_val} of {n_samples} samples; "
+            f"both it and the training set need at least {n_classes} sample(s). "
+            "Increase validation_fraction, or set early_stopping=False."
+        )
+    idx = np.zeros(n_samples) if stratify is None else stratify
+    train, val = next(splitter.split(np.zeros((n_samples, 1)), idx))
+    return np.sort(train), np.sort(val)
+
+
+def _take_rows(X, rows, backend):
+    """Rows ``rows`` (a numpy index array) of a CSR matrix; for a matrix on
+    the device, with the index array copied there."""
+    if _device.is_cupy_array(X):
+        return X[backend.to_device(rows)]
+    return X[rows]
+
+
+def optimizer_arrays(state):
+    """The optimiser's accumulators of a state (numpy), for warm starts."""
+    return {k: getattr(state, k) for k in ("gw", "gV", "gb")}
+
+
+def restore_accumulators(state, saved):
+    """Put saved Adagrad accumulators into ``state`` where shapes match."""
+    if not saved:
+        return state
+    for k in ("gw", "gV", "gb"):
+        cur = getattr(state, k)
+        old = saved.get(k)
+        if cur is not None and old is not None and old.shape == cur.shape:
+            setattr(state, k, np.array(old, dtype=cur.dtype))
+    return state
+
+
+def logit_prior(y01, sw):
+    """log(p / (1 - p)) of the weighted positive rate (clipped)."""
+    p = float(np.dot(sw, y01) / sw.sum())
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+#: curvature bound of each loss (the largest second derivative per unit of
+#: ``||x||^2``): the full-batch gradient is Lipschitz with constant
+#: ``curvature * lambda_max(X' diag(s) X / S)``
+_CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
+
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+ADAGRAD_AUTO_LEARNING_RATE = 0.1
+
+
+def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend):
+    """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
+    with ``L`` the Lipschitz constant of the mean loss's gradient."""
+    if solver == "sgd":
+        return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
+                                  backend=backend)
+    return ADAGRAD_AUTO_LEARNING_RATE
+
+
+def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,
+                       max_rows=100_000, seed=0):
+    """``1 / L`` from ``lambda_max`` of the weighted second-moment matrix of
+    ``X`` (with a column of ones for the intercept): a few power iterations
+    on at most ``max_rows`` rows.  On one-hot click data it is small (the
+    features hardly overlap) and the step large; on dense correlated data it
+    is large and the step small, so plain sgd is stable on both.
+
+    A matrix held by the backend is used there, in float64: only the norm of
+    each iterate reaches the host.
+    """
+    on_device = backend.holds(X)
+    xp = backend.xp if on_device else np
+    X = canonical_csr(X)
+    sw = np.asarray(sw, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    if X.shape[0] > max_rows:
+        rows = np.sort(rng.choice(X.shape[0], size=max_rows, replace=False))
+        X, sw = _take_rows(X, rows, backend), sw[rows]
+    S = sw.sum()
+    d = X.shape[1]
+    v = rng.standard_normal(d + 1)
+    if not fit_intercept:
+        v[d] = 0.0
+    ws = sw / S
+    if on_device:
+        X = X.astype(np.float64)
+        v, ws = backend.to_device(v), backend.to_device(ws)
+    lam = 0.0
+    for _ in range(n_iter):
+        u = X @ v[:d] + v[d]
+        u *= ws
+        g = xp.empty_like(v)
+        g[:d] = X.T @ u
+        g[d] = u.sum() if fit_intercept else 0.0
+        lam = float(xp.linalg.norm(g))
+        if not lam > 0:
+            break
+        v = g / lam
+    lam = max(lam, 1e-12)
+    return 1.0 / (_CURVATURE[loss] * lam)
