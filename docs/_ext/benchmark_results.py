@@ -7,8 +7,7 @@
   installed (pipe tables become tables; headings become rubrics so they
   never clash with the page's own sections; relative image paths are made
   relative to the page, links to other local files become inline code) and
-  shown as a literal block otherwise; ``:omit:`` drops the sections whose
-  headings it lists (comma-separated, e.g. ``:omit: Part timings``);
+  shown as a literal block otherwise;
 * an image (``.png``, ``.svg``, ``.jpg``) becomes a figure, with the
   ``:caption:`` option as its caption;
 * a reStructuredText file (``.rst``) is included as it is; anything else is
@@ -62,19 +61,6 @@ def _rewrite_markdown(text, md_dir, doc_dir, root):
     return _MD_LINK.sub(repl, text)
 
 
-def _omit_sections(node_list, titles):
-    """Drop the sections (at any depth) whose title is in ``titles``."""
-    out = []
-    for node in node_list:
-        if isinstance(node, nodes.section):
-            title = node.next_node(nodes.title)
-            if title is not None and title.astext().strip() in titles:
-                continue
-            node.children = _omit_sections(list(node.children), titles)
-        out.append(node)
-    return out
-
-
 def _flatten_sections(node_list):
     """Replace section nodes by a rubric with the title plus their body."""
     out = []
@@ -100,7 +86,6 @@ class BenchmarkResults(SphinxDirective):
         "alt": directives.unchanged,
         "width": directives.length_or_percentage_or_unitless,
         "optional": directives.flag,
-        "omit": directives.unchanged,
     }
 
     def run(self):
@@ -170,8 +155,7 @@ class BenchmarkResults(SphinxDirective):
         text = _rewrite_markdown(text, path.parent, self._doc_dir(), root)
         doc = new_document(str(path), self.state.document.settings)
         MystParser().parse(text, doc)
-        omit = {t.strip() for t in self.options.get("omit", "").split(",") if t.strip()}
-        return _flatten_sections(_omit_sections(list(doc.children), omit))
+        return _flatten_sections(list(doc.children))
 
 
 def setup(app):
