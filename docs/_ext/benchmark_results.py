@@ -1,7 +1,7 @@
 """``.. benchmark-results:: PATH``: show a committed benchmark file if it exists.
 
 ``PATH`` is relative to the repository root (e.g.
-``benchmarks/results/gpu/results.md``).  What the directive does:
+``benchmarks/results/results.md``).  What the directive does:
 
 * a markdown file (``.md``) is parsed with MyST when ``myst-parser`` is
   installed (pipe tables become tables; headings become rubrics so they
