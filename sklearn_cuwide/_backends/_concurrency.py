@@ -7,16 +7,10 @@ one thread block or a thread block cluster (:func:`cluster_for`).  With
 ``P = 1`` one worker applies the mini-batches strictly in order: the CPU
 backend's semantics.  Larger ``P`` is faster, but a worker reads weights the
 others are about to change, and whether the fit still converges as well as
-the sequential order depends on the model and the solver.  Measured on an
-H200 (``benchmarks/results/2026-11-30_s3_grid/``; Criteo-like data with
-2^16 features, 400k / 1M / 2M rows, 5 epochs, test AUC against ``P = 1``):
-
-* LR with adagrad: at most 0.0012 lost up to the full grid -> ``"auto"``
-  runs the full grid;
-* FM with adagrad: at most 0.0001 at P <= 4, 0.0016-0.0073 at P = 8, up to
-  0.031 with the full grid -> 4 workers;
-* LR with sgd: 0.0008-0.0026 lost already at P = 2 -> 1 worker (in order);
-  the FM with sgd (not measured) gets the same rule.
+the sequential order depends on the model and the solver: ``"auto"`` runs
+the most workers that lost no test AUC against ``P = 1`` in the measurements
+of :doc:`/design/concurrency` (the full grid for LR with Adagrad, 4 for the
+FM with Adagrad, 1 for sgd).
 
 Pure functions of plain values (no cupy): the CUDA backend passes its full
 grid in, and the CPU tests check the rule.
@@ -82,15 +76,12 @@ def cluster_for(workers, slots, sizes=CLUSTER_SIZES):
     device that runs ``slots`` blocks at once: the largest size in
     ``sizes`` with which every worker still runs at once.
 
-    A worker trains its mini-batches in order whatever its size; a thread
-    block cluster of CL blocks trains each sample block in about 1/CL of one
-    block's time (the FM's epoch on 4 workers: 1.32 s with one block each,
-    0.24 s with clusters of 8, the same AUC; ``benchmarks/results/
-    2026-11-30_s4_cluster/``).  So few workers (little staleness) still use
-    the GPU, while the full grid (``"max"``) runs plain blocks, whose
-    throughput is the highest: every cluster barrier waits for the
-    cluster's slowest block (FM k=16, 4M rows, every block busy: 28.4 /
-    29.6 / 33.1 / 36.9 ms per epoch with clusters of 1 / 2 / 4 / 8).
+    A worker trains its mini-batches in order whatever its size, and a
+    cluster of CL blocks trains a sample block in about 1/CL of one block's
+    time: so few workers (little staleness) still fill the GPU, while the
+    full grid runs plain blocks, the fastest when every block is busy
+    (a cluster barrier waits for its slowest block).  See
+    :doc:`/design/concurrency`.
     """
     for cl in sorted(sizes, reverse=True):
         if int(workers) * int(cl) <= int(slots):
