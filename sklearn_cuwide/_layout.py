@@ -274,8 +274,8 @@ class LayoutPlan:
 
     def read_chunk_into(self, k, ptr, idx, val):
         """:meth:`read_chunk` of a host source, written into ``ptr``, ``idx``
-        and ``val`` (``rows + 1``, ``nnz`` and ``nnz`` items: pinned staging
-        buffers).  Plain numpy, so that it may run on a worker thread."""
+        and ``val`` (``rows + 1``, ``nnz`` and ``nnz`` items, allocated by the
+        caller).  Plain numpy, so that it may run on a worker thread."""
         indptr, indices, data = self.source
         r0, r1 = self.chunk_rows(k)
         if not self.shuffled:
