@@ -20,9 +20,19 @@ Because hot ids are smaller than cold ids, the hot tile followed by the cold
 tile of one sample block is itself sorted by feature: the nonzeros of a
 sample block are ``feat[tile_ptr[2*g]:tile_ptr[2*g+2]]``.
 
-Everything here is plain numpy and vectorised (no Python loop per row or per
-nonzero).  The arrays are what the backends walk; the CUDA backend copies
-them to the device once.
+A build has two steps.  :func:`plan_layout` computes the
+:class:`LayoutPlan` on the host with numpy: the ranking, the row order, the
+mini-batch and sample-block boundaries, ``n_hot`` and the chunks of whole
+mini-batches.  :class:`LayoutTiler` then sorts each chunk's nonzeros into
+tiles with an array module ``xp`` that it is handed (numpy, or cupy);
+:func:`build_layout` runs both, chunk after chunk.
+
+Rule: this module plans and tiles; it never imports cupy or a backend,
+records events, drives streams or allocates pinned memory (the CUDA
+backend's ``_upload`` overlaps the copies of a GPU build and calls the
+tiler).  Why: one tiling code for every device keeps the CPU and GPU
+layouts identical, bit for bit, and the estimator side free of backend code.
+Everything is vectorised (no Python loop per row or per nonzero).
 """
 
 from dataclasses import dataclass
@@ -30,7 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["TileLayout", "build_layout", "layout_to_csr", "frequency_ranking", "penalty_scale"]
+__all__ = [
+    "TileLayout", "LayoutPlan", "LayoutTiler", "plan_layout", "tile_layout", "build_layout",
+    "layout_to_csr", "frequency_ranking", "penalty_scale",
+]
 
 #: Largest sample block: local row ids are stored as uint16.
 MAX_SAMPLE_BLOCK = 65536
@@ -188,6 +201,92 @@ def penalty_scale(layout, xp=np, chunk=1 << 22):
     return xp.where(held > 0, layout.n_batches / xp.maximum(held, 1), 0.0).astype(xp.float32)
 
 
+@dataclass
+class LayoutPlan:
+    """Where every row and feature of a matrix goes (host arrays), and the
+    chunks of whole mini-batches its nonzeros are tiled in.
+
+    Computed by :func:`plan_layout` before any nonzero moves; the
+    attributes shared with :class:`TileLayout` mean the same.  ``source`` is
+    the user's ``(indptr, indices, data)`` (numpy, or device arrays of the
+    module ``source_xp`` for a cupyx matrix), read, never modified.
+
+    Attributes
+    ----------
+    batch_nnz_ptr : ndarray of int64, shape (n_batches + 1,)
+        Nonzeros of the input (duplicates not yet summed) before each
+        mini-batch, in layout row order.
+    chunks : list of (int, int)
+        Chunk ``k`` is the mini-batches ``chunks[k][0]:chunks[k][1]``: runs of
+        about ``chunk_nnz`` input nonzeros, none of them empty, in order.
+    """
+
+    n_rows: int
+    n_features: int
+    batch_size: int
+    sample_block: int
+    n_hot: int
+    row_order: np.ndarray
+    feature_order: np.ndarray
+    feature_rank: np.ndarray
+    feature_counts: np.ndarray
+    sblock_row_ptr: np.ndarray
+    batch_sblock_ptr: np.ndarray
+    batch_nnz_ptr: np.ndarray
+    chunks: list
+    shuffled: bool
+    source: tuple
+    source_xp: object
+
+    @property
+    def n_sblocks(self):
+        return int(self.sblock_row_ptr.shape[0] - 1)
+
+    @property
+    def nnz(self):
+        """Nonzeros of the input (an upper bound of the layout's)."""
+        return int(self.batch_nnz_ptr[-1])
+
+    def chunk_rows(self, k):
+        """Layout rows ``(r0, r1)`` of chunk ``k``."""
+        b0, b1 = self.chunks[k]
+        return b0 * self.batch_size, min(self.n_rows, b1 * self.batch_size)
+
+    def chunk_nnz(self, k):
+        """Input nonzeros of chunk ``k``."""
+        b0, b1 = self.chunks[k]
+        return int(self.batch_nnz_ptr[b1] - self.batch_nnz_ptr[b0])
+
+    def read_chunk(self, k):
+        """The CSR ``(indptr, indices, data)`` of chunk ``k``'s rows, in layout
+        order, as arrays of ``source_xp`` (views of the source where they can
+        be); ``indptr`` starts at 0."""
+        xp = self.source_xp
+        indptr, indices, data = self.source
+        r0, r1 = self.chunk_rows(k)
+        if not self.shuffled:
+            if r0 == 0 and r1 == self.n_rows:
+                return indptr, indices, data
+            a, b = int(indptr[r0]), int(indptr[r1])
+            return indptr[r0 : r1 + 1] - indptr[r0], indices[a:b], data[a:b]
+        users = xp.asarray(self.row_order[r0:r1])
+        return _gather_rows(xp, indptr, indices, data, users)
+
+    def read_chunk_into(self, k, ptr, idx, val):
+        """:meth:`read_chunk` of a host source, written into ``ptr``, ``idx``
+        and ``val`` (``rows + 1``, ``nnz`` and ``nnz`` items, allocated by the
+        caller).  Plain numpy, so that it may run on a worker thread."""
+        indptr, indices, data = self.source
+        r0, r1 = self.chunk_rows(k)
+        if not self.shuffled:
+            np.subtract(indptr[r0 : r1 + 1], indptr[r0], out=ptr)
+            a = int(indptr[r0])
+            idx[...] = indices[a : a + idx.shape[0]]
+            val[...] = data[a : a + val.shape[0]]
+        else:
+            _gather_rows_into(indptr, indices, data, self.row_order[r0:r1], ptr, idx, val)
+
+
 def _gather_rows(xp, indptr, indices, data, users):
     """The nonzeros of rows ``users`` (in that order): (indptr, indices, data)."""
     if xp is np:
@@ -208,7 +307,7 @@ def _gather_rows(xp, indptr, indices, data, users):
 
 def _gather_rows_into(indptr, indices, data, users, ptr, idx, val):
     """:func:`_gather_rows` on the host, writing into ``ptr``, ``idx``, ``val``
-    (sized for the rows ``users``; pinned staging buffers)."""
+    (sized for the rows ``users``)."""
     starts = indptr[users]
     lens = indptr[users + 1] - starts
     ptr[0] = 0
@@ -226,7 +325,7 @@ def _segment_ids(xp, ptr, total):
     return xp.searchsorted(ptr, xp.arange(total, dtype=xp.int64), side="right") - 1
 
 
-def build_layout(
+def plan_layout(
     X,
     *,
     batch_size,
@@ -235,59 +334,13 @@ def build_layout(
     hot_min_per_block=2.0,
     shuffle=False,
     random_state=None,
-    dtype=np.float32,
-    xp=None,
-    chunk_nnz=None,
-    _overlap=True,
-    _timing=None,
+    chunk_nnz=1 << 24,
+    xp=np,
 ):
-    """Build the tiled, feature-major training layout of a sparse matrix.
-
-    Parameters
-    ----------
-    X : scipy (or cupyx) sparse matrix of shape (n_rows, n_features)
-        Not modified.  Need not be canonical (unsorted or duplicate indices
-        are fine) and may have int64 indices.
-    batch_size : int
-        Rows per mini-batch (the last one may be shorter).
-    sample_block : int, default=None
-        Rows per sample block; ``None`` means ``min(batch_size, 65536)``.
-    n_hot_max : int, default=0
-        Most features that may be marked hot.
-    hot_min_per_block : float, default=2.0
-        A feature is hot only if it has at least this many nonzeros per sample
-        block on average (caching a feature pays when it is reused).
-    shuffle : bool, default=False
-        Permute the rows once (with ``random_state``) before cutting them.
-    random_state : None, int or numpy Generator
-    dtype : numpy dtype, default=float32
-        Dtype of the stored values.
-    xp : array module, default numpy
-        Where the nonzeros are sorted and stored: numpy, or cupy (the layout
-        is then built on the GPU and its ``feat``/``row``/``val`` are device
-        arrays).  The plan (renumbering, row order, blocks) is always
-        computed on the host, so both give the same layout.
-    chunk_nnz : int, default None
-        Sort at most about this many nonzeros at a time (whole mini-batches
-        per chunk); bounds the temporary memory.  ``None``: 2**24 on the
-        host, 2**23 on a GPU.
-    _overlap : bool, default=True
-        Private.  With ``xp`` cupy and a host matrix, gather each chunk into
-        pinned memory (on a worker thread) while the GPU sorts the previous
-        one, and copy it on a second stream (see :mod:`._backends._staging`);
-        ``False`` copies the chunks synchronously.  The layout is the same,
-        bit for bit, either way.
-    _timing : dict or None
-        Private, for benchmarks (GPU only): receives ``"copies"``, a list of
-        ``(start, end)`` CUDA events around each chunk's host -> device copy,
-        and ``"loop"``, the events around the chunk loop.
-
-    Returns
-    -------
-    layout : TileLayout
-    """
-    if xp is None:
-        xp = np
+    """The :class:`LayoutPlan` of ``X`` (see :func:`build_layout` for the
+    parameters).  ``xp``: the array module of a cupyx matrix's arrays, which
+    are counted on the device (only the counts come to the host); unused for
+    a scipy matrix."""
     (n_rows, n_features), indptr, indices, data = _csr_parts(X)
     on_device_input = not isinstance(indptr, np.ndarray)
     batch_size = int(batch_size)
@@ -299,7 +352,6 @@ def build_layout(
     if sample_block < 1:
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
 
-    # --- the plan, on the host ------------------------------------------
     counts, order, rank = frequency_ranking(
         indices, n_features, xp=xp if on_device_input else np
     )
@@ -334,178 +386,236 @@ def build_layout(
         n_hot = int(np.count_nonzero(ranked_counts >= hot_min_per_block * n_sblocks))
         n_hot = min(n_hot, int(n_hot_max))
 
-    # --- chunks of whole mini-batches --------------------------------------
+    # chunks of whole mini-batches, of about chunk_nnz input nonzeros
     nnz_total = int(indptr[-1]) if n_rows else 0
-    if chunk_nnz is None:
-        chunk_nnz = 1 << 24 if xp is np else 1 << 23
     row_len = np.diff(indptr.get() if on_device_input else indptr)[row_order]
     batch_start_rows = np.arange(n_batches + 1, dtype=np.int64) * batch_size
     batch_start_rows[-1] = n_rows
     cum = np.concatenate(([0], np.cumsum(row_len)))
-    batch_nnz_start = cum[batch_start_rows]
+    batch_nnz_ptr = cum[batch_start_rows].astype(np.int64)
     bounds = [0]
     if n_batches:
         targets = np.arange(chunk_nnz, nnz_total, chunk_nnz)
-        cuts = np.unique(np.searchsorted(batch_nnz_start, targets, side="left"))
+        cuts = np.unique(np.searchsorted(batch_nnz_ptr, targets, side="left"))
         bounds += [int(c) for c in cuts if 0 < c < n_batches]
         bounds.append(n_batches)
-
-    feat = xp.empty(nnz_total, dtype=xp.int32)
-    row = xp.empty(nnz_total, dtype=xp.uint16)
-    val = xp.empty(nnz_total, dtype=dtype)
-    tile_counts = np.zeros(2 * n_sblocks, dtype=np.int64)
-    rank_x = xp.asarray(rank)
-    bsp_x = xp.asarray(batch_sblock_ptr)
-    src_xp = xp if on_device_input else np
-    pos_out = 0
-    identity = not shuffle
-    chunks = list(zip(bounds[:-1], bounds[1:]))
-    timing = _timing if xp is not np else None
-    if timing is not None:
-        timing["copies"] = []
-        loop_start = xp.cuda.get_current_stream().record()
-    uploader = None
-    if _overlap and xp is not np and not on_device_input:
-        # host matrix, GPU build: gather chunk i + 1 into pinned memory while
-        # the GPU sorts chunk i, and copy it on a second stream
-        live = [(b0, b1) for b0, b1 in chunks if batch_nnz_start[b1] > batch_nnz_start[b0]]
-        if len(live) >= 2:
-            from ._backends._staging import ChunkUploader
-
-            chunks = live
-            uploader = ChunkUploader(
-                xp,
-                max_rows=max(min(n_rows, b1 * batch_size) - b0 * batch_size for b0, b1 in live),
-                max_nnz=max(int(batch_nnz_start[b1] - batch_nnz_start[b0]) for b0, b1 in live),
-                index_dtype=indices.dtype,
-                value_dtype=data.dtype,
-                timing=None if timing is None else timing["copies"],
-            )
-
-    def stage(b0, b1):
-        """Start gathering chunk (b0, b1) into pinned memory (worker thread)."""
-        r0, r1 = b0 * batch_size, min(n_rows, b1 * batch_size)
-        nnz = int(batch_nnz_start[b1] - batch_nnz_start[b0])
-
-        def fill(c_ptr, c_idx, c_val):  # host only: numpy, no device call
-            if identity:
-                np.subtract(indptr[r0 : r1 + 1], indptr[r0], out=c_ptr)
-                a = int(indptr[r0])
-                c_idx[...] = indices[a : a + nnz]
-                c_val[...] = data[a : a + nnz]
-            else:
-                _gather_rows_into(
-                    indptr, indices, data, row_order[r0:r1], c_ptr, c_idx, c_val
-                )
-
-        return uploader.stage(fill, r1 - r0, nnz)
-
-    try:
-        if uploader is not None:
-            ready = uploader.upload(stage(*chunks[0]))
-        for k, (b0, b1) in enumerate(chunks):
-            r0, r1 = b0 * batch_size, min(n_rows, b1 * batch_size)
-            if uploader is not None:
-                if k + 1 < len(chunks):  # the worker gathers the next chunk meanwhile
-                    pending = stage(*chunks[k + 1])
-                slot, (c_ptr, c_idx, c_val) = ready
-                uploader.acquire(slot)
-            else:
-                if identity and r0 == 0 and r1 == n_rows:
-                    c_ptr, c_idx, c_val = indptr, indices, data
-                elif identity:
-                    a, b = int(indptr[r0]), int(indptr[r1])
-                    c_ptr = indptr[r0 : r1 + 1] - indptr[r0]
-                    c_idx, c_val = indices[a:b], data[a:b]
-                else:
-                    users = src_xp.asarray(row_order[r0:r1])
-                    c_ptr, c_idx, c_val = _gather_rows(src_xp, indptr, indices, data, users)
-                if timing is not None:
-                    copy_start = xp.cuda.get_current_stream().record()
-                c_ptr = xp.asarray(c_ptr, dtype=xp.int64)
-                c_idx = xp.asarray(c_idx)
-                c_val = xp.asarray(c_val)
-                if timing is not None:
-                    timing["copies"].append(
-                        (copy_start, xp.cuda.get_current_stream().record())
-                    )
-            nc = int(c_idx.shape[0])
-            if nc == 0:
-                continue
-            lrow = r0 + _segment_ids(xp, c_ptr, nc)
-            bt = lrow // batch_size
-            pos = lrow - bt * batch_size
-            g = bsp_x[bt] + pos // sample_block
-            local = pos % sample_block
-            del bt, pos, lrow
-            nf = rank_x[c_idx]
-            del c_idx
-            if n_sblocks * n_features * sample_block < 2**62:
-                key = (g * n_features + nf) * sample_block + local
-                perm = xp.argsort(key)
-                key = key[perm]
-                dup = key[1:] == key[:-1]
-                del key
-            else:  # pragma: no cover - astronomically large shapes
-                perm = xp.lexsort(xp.stack((local, nf, g)))
-                gs, nfs, ls = g[perm], nf[perm], local[perm]
-                dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
-            g, nf, local = g[perm], nf[perm], local[perm]
-            vals = c_val.astype(dtype, copy=False)[perm]
-            del perm, c_val, c_ptr
-            if uploader is not None:
-                # this chunk's kernels are enqueued and nothing reads its slot
-                # any more: start the next chunk's copy (it runs while the GPU
-                # finishes this chunk), then the host syncs of this chunk below
-                uploader.release(slot)
-                if k + 1 < len(chunks):
-                    ready = uploader.upload(pending)
-            if bool(dup.any()):  # duplicate (row, feature) entries are summed
-                keep = xp.concatenate((xp.ones(1, dtype=bool), ~dup))
-                seg = xp.cumsum(keep) - 1
-                vals = xp.bincount(seg, weights=vals.astype(xp.float64)).astype(dtype)
-                starts = xp.flatnonzero(keep)
-                g, nf, local = g[starts], nf[starts], local[starts]
-            del dup
-            m = int(vals.shape[0])
-            feat[pos_out : pos_out + m] = nf
-            row[pos_out : pos_out + m] = local
-            val[pos_out : pos_out + m] = vals
-            tile = 2 * g + (nf >= n_hot)
-            g0 = int(batch_sblock_ptr[b0])
-            g1 = int(batch_sblock_ptr[b1])
-            tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
-            tile_counts[2 * g0 : 2 * g1] = tc.get() if xp is not np else tc
-            pos_out += m
-            del g, nf, local, vals, tile
-    finally:
-        if uploader is not None:
-            uploader.close()  # the worker and every copy done: buffers may go
-            uploader = ready = pending = None
-    if timing is not None:
-        timing["loop"] = (loop_start, xp.cuda.get_current_stream().record())
-
-    tile_ptr = np.zeros(2 * n_sblocks + 1, dtype=np.int64)
-    np.cumsum(tile_counts, out=tile_ptr[1:])
-    if pos_out < nnz_total:  # duplicates were merged
-        feat, row, val = feat[:pos_out], row[:pos_out], val[:pos_out]
-    return TileLayout(
+    chunks = [
+        (b0, b1)
+        for b0, b1 in zip(bounds[:-1], bounds[1:])
+        if batch_nnz_ptr[b1] > batch_nnz_ptr[b0]
+    ]
+    return LayoutPlan(
         n_rows=int(n_rows),
         n_features=int(n_features),
         batch_size=batch_size,
         sample_block=sample_block,
         n_hot=n_hot,
-        feat=feat,
-        row=row,
-        val=val,
-        tile_ptr=tile_ptr,
-        sblock_row_ptr=sblock_row_ptr,
-        batch_sblock_ptr=batch_sblock_ptr,
         row_order=row_order,
         feature_order=order,
         feature_rank=rank,
         feature_counts=counts,
+        sblock_row_ptr=sblock_row_ptr,
+        batch_sblock_ptr=batch_sblock_ptr,
+        batch_nnz_ptr=batch_nnz_ptr,
+        chunks=chunks,
+        shuffled=bool(shuffle),
+        source=(indptr, indices, data),
+        source_xp=xp if on_device_input else np,
     )
+
+
+class LayoutTiler:
+    """Tiles the chunks of a :class:`LayoutPlan` into the layout's arrays.
+
+    Each chunk, handed in as the CSR ``(indptr, indices, data)`` of its rows
+    (arrays of ``xp``, from :meth:`LayoutPlan.read_chunk` or an upload), goes
+    through :meth:`sort` and then :meth:`store`, in the plan's order;
+    :meth:`finish` returns the :class:`TileLayout`.  The two steps are apart
+    so that a caller streaming the chunks in can reuse a chunk's buffers
+    between them: :meth:`sort` is the last to read them and makes no host
+    synchronisation (device work is only enqueued), :meth:`store` syncs.
+
+    Parameters
+    ----------
+    plan : LayoutPlan
+    xp : array module
+        numpy, or cupy: where the nonzeros are sorted and stored.
+    dtype : dtype
+        Dtype of the stored values.
+    """
+
+    def __init__(self, plan, xp, dtype):
+        self.plan, self.xp, self.dtype = plan, xp, dtype
+        n = plan.nnz
+        self.feat = xp.empty(n, dtype=xp.int32)
+        self.row = xp.empty(n, dtype=xp.uint16)
+        self.val = xp.empty(n, dtype=dtype)
+        self.tile_counts = np.zeros(2 * plan.n_sblocks, dtype=np.int64)
+        self._rank = xp.asarray(plan.feature_rank)
+        self._bsp = xp.asarray(plan.batch_sblock_ptr)
+        self._pos = 0
+
+    def sort(self, k, indptr, indices, data):
+        """Sort chunk ``k``'s nonzeros by (sample block, feature, local row).
+
+        Reads ``indptr`` (int64, from 0), ``indices`` and ``data`` for the
+        last time; returns what :meth:`store` takes.
+        """
+        xp, p = self.xp, self.plan
+        r0, _ = p.chunk_rows(k)
+        nc = int(indices.shape[0])
+        lrow = r0 + _segment_ids(xp, indptr, nc)
+        bt = lrow // p.batch_size
+        pos = lrow - bt * p.batch_size
+        g = self._bsp[bt] + pos // p.sample_block
+        local = pos % p.sample_block
+        del bt, pos, lrow
+        nf = self._rank[indices]
+        if p.n_sblocks * p.n_features * p.sample_block < 2**62:
+            key = (g * p.n_features + nf) * p.sample_block + local
+            perm = xp.argsort(key)
+            key = key[perm]
+            dup = key[1:] == key[:-1]
+            del key
+        else:  # pragma: no cover - astronomically large shapes
+            perm = xp.lexsort(xp.stack((local, nf, g)))
+            gs, nfs, ls = g[perm], nf[perm], local[perm]
+            dup = (gs[1:] == gs[:-1]) & (nfs[1:] == nfs[:-1]) & (ls[1:] == ls[:-1])
+        g, nf, local = g[perm], nf[perm], local[perm]
+        vals = data.astype(self.dtype, copy=False)[perm]
+        return k, g, nf, local, vals, dup
+
+    def store(self, sorted_chunk):
+        """Sum the duplicate (row, feature) entries of a sorted chunk, append
+        it to the layout's arrays and count its tiles."""
+        xp, p = self.xp, self.plan
+        k, g, nf, local, vals, dup = sorted_chunk
+        del sorted_chunk
+        if bool(dup.any()):
+            keep = xp.concatenate((xp.ones(1, dtype=bool), ~dup))
+            seg = xp.cumsum(keep) - 1
+            vals = xp.bincount(seg, weights=vals.astype(xp.float64)).astype(self.dtype)
+            starts = xp.flatnonzero(keep)
+            g, nf, local = g[starts], nf[starts], local[starts]
+        del dup
+        a, m = self._pos, int(vals.shape[0])
+        self.feat[a : a + m] = nf
+        self.row[a : a + m] = local
+        self.val[a : a + m] = vals
+        tile = 2 * g + (nf >= p.n_hot)
+        b0, b1 = p.chunks[k]
+        g0, g1 = int(p.batch_sblock_ptr[b0]), int(p.batch_sblock_ptr[b1])
+        tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
+        self.tile_counts[2 * g0 : 2 * g1] = tc if xp is np else tc.get()
+        self._pos += m
+
+    def finish(self):
+        """The :class:`TileLayout`, once every chunk was stored."""
+        p = self.plan
+        tile_ptr = np.zeros(2 * p.n_sblocks + 1, dtype=np.int64)
+        np.cumsum(self.tile_counts, out=tile_ptr[1:])
+        feat, row, val = self.feat, self.row, self.val
+        if self._pos < p.nnz:  # duplicates were merged
+            feat, row, val = feat[: self._pos], row[: self._pos], val[: self._pos]
+        return TileLayout(
+            n_rows=p.n_rows,
+            n_features=p.n_features,
+            batch_size=p.batch_size,
+            sample_block=p.sample_block,
+            n_hot=p.n_hot,
+            feat=feat,
+            row=row,
+            val=val,
+            tile_ptr=tile_ptr,
+            sblock_row_ptr=p.sblock_row_ptr,
+            batch_sblock_ptr=p.batch_sblock_ptr,
+            row_order=p.row_order,
+            feature_order=p.feature_order,
+            feature_rank=p.feature_rank,
+            feature_counts=p.feature_counts,
+        )
+
+
+def tile_layout(plan, xp=np, dtype=np.float32):
+    """Tile every chunk of ``plan`` with ``xp``, one after the other: each
+    chunk is read from the source and, when ``xp`` is not the source's
+    module, copied over with ``xp.asarray`` (synchronously)."""
+    tiler = LayoutTiler(plan, xp, dtype)
+    for k in range(len(plan.chunks)):
+        indptr, indices, data = plan.read_chunk(k)
+        chunk = (xp.asarray(indptr, dtype=xp.int64), xp.asarray(indices), xp.asarray(data))
+        del indptr, indices, data
+        tiler.store(tiler.sort(k, *chunk))
+        del chunk
+    return tiler.finish()
+
+
+def build_layout(
+    X,
+    *,
+    batch_size,
+    sample_block=None,
+    n_hot_max=0,
+    hot_min_per_block=2.0,
+    shuffle=False,
+    random_state=None,
+    dtype=np.float32,
+    xp=None,
+    chunk_nnz=None,
+):
+    """Build the tiled, feature-major training layout of a sparse matrix.
+
+    Parameters
+    ----------
+    X : scipy (or cupyx) sparse matrix of shape (n_rows, n_features)
+        Not modified.  Need not be canonical (unsorted or duplicate indices
+        are fine) and may have int64 indices.
+    batch_size : int
+        Rows per mini-batch (the last one may be shorter).
+    sample_block : int, default=None
+        Rows per sample block; ``None`` means ``min(batch_size, 65536)``.
+    n_hot_max : int, default=0
+        Most features that may be marked hot.
+    hot_min_per_block : float, default=2.0
+        A feature is hot only if it has at least this many nonzeros per sample
+        block on average (caching a feature pays when it is reused).
+    shuffle : bool, default=False
+        Permute the rows once (with ``random_state``) before cutting them.
+    random_state : None, int or numpy Generator
+    dtype : numpy dtype, default=float32
+        Dtype of the stored values.
+    xp : array module, default numpy
+        Where the nonzeros are sorted and stored: numpy, or cupy (the layout
+        is then built on the GPU and its ``feat``/``row``/``val`` are device
+        arrays; a host matrix's chunks are copied synchronously: the CUDA
+        backend's ``build_layout`` overlaps those copies).  The plan
+        (renumbering, row order, blocks) is always computed on the host, so
+        both give the same layout.
+    chunk_nnz : int, default None
+        Sort at most about this many nonzeros at a time (whole mini-batches
+        per chunk); bounds the temporary memory.  ``None``: 2**24 on the
+        host, 2**23 on a GPU.
+
+    Returns
+    -------
+    layout : TileLayout
+    """
+    if xp is None:
+        xp = np
+    if chunk_nnz is None:
+        chunk_nnz = 1 << 24 if xp is np else 1 << 23
+    plan = plan_layout(
+        X,
+        batch_size=batch_size,
+        sample_block=sample_block,
+        n_hot_max=n_hot_max,
+        hot_min_per_block=hot_min_per_block,
+        shuffle=shuffle,
+        random_state=random_state,
+        chunk_nnz=chunk_nnz,
+        xp=xp,
+    )
+    return tile_layout(plan, xp, dtype)
 
 
 def layout_to_csr(layout):

@@ -5,10 +5,12 @@ import pytest
 import scipy.sparse as sp
 
 from sklearn_cuwide._layout import (
+    LayoutTiler,
     build_layout,
     frequency_ranking,
     layout_to_csr,
     penalty_scale,
+    plan_layout,
 )
 
 
@@ -126,6 +128,38 @@ def test_chunked_build_is_identical(shuffle):
     for name in ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "row_order"):
         np.testing.assert_array_equal(getattr(A, name), getattr(B, name), err_msg=name)
     assert A.n_hot == B.n_hot
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_plan_chunks_and_their_reads(shuffle):
+    """The plan's chunks: whole mini-batches in order, none empty, every
+    nonzero in one; read_chunk_into (into the caller's buffers) reads what
+    read_chunk does; tiling the chunks one by one gives build_layout's layout."""
+    rng = np.random.default_rng()
+    X = sp.random(2003, 300, density=0.04, format="lil", random_state=rng, dtype=np.float32)
+    X[500:900] = 0.0  # empty mini-batches
+    X = X.tocsr()
+    kw = dict(batch_size=64, sample_block=30, n_hot_max=8, shuffle=shuffle, random_state=5)
+    plan = plan_layout(X, chunk_nnz=700, **kw)
+    assert len(plan.chunks) > 5 and plan.nnz == X.nnz
+    b = np.array(plan.chunks)
+    assert np.all(b[:, 0] < b[:, 1]) and np.all(b[1:, 0] >= b[:-1, 1])
+    assert all(plan.chunk_nnz(k) > 0 for k in range(len(plan.chunks)))
+    assert sum(map(plan.chunk_nnz, range(len(plan.chunks)))) == X.nnz
+    tiler = LayoutTiler(plan, np, np.float32)
+    for k in range(len(plan.chunks)):
+        ptr, idx, val = plan.read_chunk(k)
+        r0, r1 = plan.chunk_rows(k)
+        out = (np.empty(r1 - r0 + 1, np.int64), np.empty(idx.shape, idx.dtype),
+               np.empty(val.shape, val.dtype))
+        plan.read_chunk_into(k, *out)
+        for a, o in zip((ptr, idx, val), out):
+            np.testing.assert_array_equal(a, o)
+        np.testing.assert_array_equal(np.diff(ptr), np.diff(X.indptr)[plan.row_order[r0:r1]])
+        tiler.store(tiler.sort(k, *out))
+    A, B = build_layout(X, **kw), tiler.finish()
+    for name in ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "row_order"):
+        np.testing.assert_array_equal(getattr(A, name), getattr(B, name), err_msg=name)
 
 
 @pytest.mark.parametrize("n_hot_max", [0, 7, 1000])

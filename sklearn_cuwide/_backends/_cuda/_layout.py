@@ -5,12 +5,17 @@ streamed in (:class:`DeviceLayout`).
 :func:`put_layout` copies the small index arrays of a host
 :class:`~sklearn_cuwide._layout.TileLayout` at once and leaves the nonzeros
 (``feat``, ``row``, ``val``: nearly all the bytes) on the host.  They stream
-in during the first epoch: the mini-batches are cut into chunks, and while
-the kernel trains on chunk ``c`` the next chunk is staged in pinned host
-memory and copied on a second stream (events order the two).  If the layout
-fits the device-memory budget, the chunks are copied into resident device
-arrays and later epochs run from device memory; if not, every epoch streams
-the chunks through two device buffers.
+in during the first epoch, chunks of whole mini-batches through the pinned
+double buffer of :mod:`._upload` while the kernel trains on the previous
+chunk.  If the layout fits the device-memory budget, the chunks are copied
+into resident device arrays and later epochs run from device memory; if
+not, every epoch streams the chunks through the uploader's two device
+buffers.
+
+Rule: the layout's plan and tiling come from :mod:`sklearn_cuwide._layout`;
+this module decides where a layout is built and holds it on the device, and
+every host -> device copy of nonzeros goes through :mod:`._upload` (one
+uploader, one set of ordering rules).
 """
 
 import itertools
@@ -20,6 +25,7 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ... import _layout
+from . import _upload
 from ._runtime import free_memory
 
 #: a fresh token for each penalty-scale array a layout computes
@@ -29,6 +35,9 @@ _TOKENS = itertools.count(1)
 def build_layout(X, memory_budget=None, **kw):
     """Build the training layout on the GPU (cupy sorts, chunk by chunk).
 
+    ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.  A
+    host matrix's chunks are uploaded overlapped with the sorts
+    (:func:`._upload.build_from_host`); a cupyx matrix is tiled where it is.
     When the layout would not fit ``memory_budget`` (default: 80% of the
     free device memory), it is built on the host instead and streamed in
     every epoch.
@@ -42,7 +51,9 @@ def build_layout(X, memory_budget=None, **kw):
             X = X.get()
         return _layout.build_layout(X, xp=np, **kw)
     kw.setdefault("chunk_nnz", 1 << 23)
-    return _layout.build_layout(X, xp=cp, **kw)
+    if cpsp.issparse(X):  # on the device already: nothing to upload
+        return _layout.build_layout(X, xp=cp, **kw)
+    return _upload.build_from_host(X, cp, **kw)
 
 
 class DeviceLayout:
@@ -69,8 +80,8 @@ class DeviceLayout:
         self.bytes_per_nnz = (
             layout.feat.itemsize + layout.row.itemsize + layout.val.itemsize
         )
-        self._pinned = None
-        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self._uploader = None  # made by the first stream_chunks
+        self._copied = set()  # chunks already in the resident arrays
         self.counts = layout.feature_counts[layout.feature_order]
         self._scale = self._q = self._pscale = None
         if isinstance(layout.feat, cp.ndarray):  # built on the device
@@ -103,14 +114,6 @@ class DeviceLayout:
             self.feat = cp.empty(layout.nnz, dtype=layout.feat.dtype)
             self.row = cp.empty(layout.nnz, dtype=layout.row.dtype)
             self.val = cp.empty(layout.nnz, dtype=layout.val.dtype)
-        else:
-            self.buffers = [
-                tuple(
-                    cp.empty(max(self.max_chunk, 1), dtype=a.dtype)
-                    for a in (layout.feat, layout.row, layout.val)
-                )
-                for _ in range(2)
-            ]
 
     def batch_weight_on_device(self, batch_weight):
         """The per-batch weights as a device array (uploaded once)."""
@@ -170,67 +173,28 @@ class DeviceLayout:
             return small + self.host.nnz * self.bytes_per_nnz
         return small + 2 * self.max_chunk * self.bytes_per_nnz
 
-    def _pinned_buffers(self):
-        if self._pinned is None:
-            h = self.host
-            self._pinned = []
-            for _ in range(2):
-                bufs = []
-                for a in (h.feat, h.row, h.val):
-                    n = max(self.max_chunk, 1)
-                    mem = cp.cuda.alloc_pinned_memory(n * a.itemsize)
-                    bufs.append(np.frombuffer(mem, dtype=a.dtype, count=n))
-                self._pinned.append(bufs)
-            self._pinned_events = [None, None]
-        return self._pinned
-
-    def _stage(self, k, slot, wait_for):
-        """Copy chunk ``k`` host -> pinned buffer ``slot`` -> device, async.
-
-        ``wait_for``: an event the device copy must wait for (the kernel
-        that last read the device buffer of this slot), or None.
-        """
-        pinned = self._pinned_buffers()
-        h = self.host
-        a, b = self.chunk_nnz[k]
-        ev_prev = self._pinned_events[slot]
-        if ev_prev is not None:
-            ev_prev.synchronize()  # the copy that last read this pinned buffer is done
-        pb = pinned[slot]
-        for src, dst in zip((h.feat, h.row, h.val), pb):
-            dst[: b - a] = src[a:b]
-        if self.resident:
-            targets = (self.feat[a:b], self.row[a:b], self.val[a:b])
-            arrays, base = (self.feat, self.row, self.val), 0
-        else:
-            targets = tuple(buf[: b - a] for buf in self.buffers[slot])
-            arrays, base = self.buffers[slot], a
-        if wait_for is not None:
-            self.copy_stream.wait_event(wait_for)
-        for src, dst in zip(pb, targets):
-            dst.set(src[: b - a], stream=self.copy_stream)
-        ev = self.copy_stream.record()
-        self._pinned_events[slot] = ev
-        return ev, arrays, base
-
     def stream_chunks(self, order_chunks, compute_stream):
-        """Yield ``(chunk, (feat, row, val), nnz_base)`` for each chunk, after
-        making ``compute_stream`` wait for its copy.  The caller launches the
-        chunk's kernel; the next chunk's copy is then issued, so it overlaps
-        that kernel."""
-        kernel_done = [None, None]  # per slot: event after the last kernel on it
-        staged = self._stage(order_chunks[0], 0, None) if order_chunks else None
-        for n, k in enumerate(order_chunks):
-            ev, arrays, base = staged
-            compute_stream.wait_event(ev)
+        """Yield ``(chunk, (feat, row, val), nnz_base)`` for each chunk of
+        ``order_chunks``, after making ``compute_stream`` wait for its copy
+        (:func:`._upload.stream_chunks`).  The caller enqueues the chunk's
+        kernel before asking for the next chunk, whose copy then overlaps
+        that kernel.  A resident layout is ``uploaded`` once every chunk was
+        copied; its pinned buffers are then freed."""
+        h = self.host
+        resident = (self.feat, self.row, self.val) if self.resident else None
+        if self._uploader is None:  # pinned (and, streaming, device) buffers
+            specs = [(self.max_chunk, a.dtype) for a in (h.feat, h.row, h.val)]
+            self._uploader = _upload.PinnedUploader(cp, specs, device_buffers=resident is None)
+        for k, arrays, base in _upload.stream_chunks(
+            self._uploader, (h.feat, h.row, h.val), self.chunk_nnz, order_chunks,
+            compute_stream, resident=resident,
+        ):
             yield k, arrays, base
-            kernel_done[n % 2] = compute_stream.record()
-            if n + 1 < len(order_chunks):
-                slot = (n + 1) % 2
-                wait = None if self.resident else kernel_done[slot]
-                staged = self._stage(order_chunks[n + 1], slot, wait)
-        if self.resident:
+            self._copied.add(k)
+        if self.resident and len(self._copied) == len(self.chunks):
             self.uploaded = True
+            self._uploader.close()
+            self._uploader = None
 
 
 def put_layout(layout, memory_budget=None, chunk_bytes=64 << 20):

@@ -1,32 +1,30 @@
-"""The GPU layout build with overlapped host -> device copies.
-
-``build_layout(X, xp=cupy)`` on a host matrix gathers chunk ``i + 1`` into
-pinned memory (worker thread) while the GPU sorts chunk ``i``, and copies it
-on a second stream (:mod:`sklearn_cuwide._backends._staging`).  The layout
-must be the same, bit for bit, as the numpy build and as the synchronous GPU
-build (``_overlap=False``).
+"""The CUDA backend's uploads (``_backends/_cuda/_upload.py``): the GPU
+build of a host matrix, its chunks' gathers and copies overlapped with the
+sorts, and the streamed nonzeros of a host-built layout; one pinned double
+buffer serves both.  Layouts must be the same, bit for bit, as the numpy
+build and as the synchronous GPU build (``_layout.build_layout(X, xp=cupy)``).
 
 * GPU tests (marker ``gpu``, skipped without cupy and a GPU): real cupy.
-* CPU tests: the same pipeline driven by a stand-in for cupy made of numpy
+* CPU tests: the same code driven by a stand-in for cupy made of numpy
   whose copies are *deferred* until something waits for them, and which
   checks that a pinned buffer is not rewritten by the host before the host
   waited for the copy out of it.  A compute step that reads a device buffer
-  before waiting for its copy sees stale data and the layout comes out
+  before waiting for its copy sees stale data and the result comes out
   wrong.  It also records the order in which the host issues sorts, copies
-  and synchronisations.
-* The benchmark script: its ``--smoke`` mode (numpy only) and its GPU
-  measurement code driven by the stand-in.
+  and synchronisations.  The module is loaded from its file: its package's
+  ``__init__`` imports cupy.
 """
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from sklearn_cuwide import _layout
 from sklearn_cuwide._device import cuda_device_count
-from sklearn_cuwide._layout import build_layout
+from sklearn_cuwide._layout import build_layout, plan_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("feat", "row", "val", "tile_ptr", "sblock_row_ptr", "batch_sblock_ptr",
@@ -196,25 +194,16 @@ class _Cuda:
         self.fake.streams.append(s)
         return s
 
-    def Event(self):  # noqa: N802
-        return _Event()
-
     def get_current_stream(self):
         return self.fake._null
 
     def alloc_pinned_memory(self, nbytes):
         return _Pinned(nbytes)
 
-    def Device(self):  # noqa: N802
-        return self.fake._null  # has synchronize()
-
-    def get_elapsed_time(self, start, end):
-        assert start.stream is end.stream
-        return float(end.seq - start.seq) + 1.0  # milliseconds, made up
-
 
 class _FakeCupy:
-    """Enough of cupy for build_layout: numpy functions returning _Dev."""
+    """Enough of cupy for the layout build and the uploader: numpy functions
+    returning _Dev."""
 
     current = None
 
@@ -236,22 +225,38 @@ class _FakeCupy:
         return obj
 
 
+
+
+def _upload_module():
+    """``sklearn_cuwide._backends._cuda._upload``, without running its
+    package's ``__init__`` (which imports cupy); not put in sys.modules."""
+    path = ROOT / "sklearn_cuwide" / "_backends" / "_cuda" / "_upload.py"
+    spec = importlib.util.spec_from_file_location("sklearn_cuwide._backends._cuda._upload", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _n_chunks(X, chunk_nnz, kw):
+    return len(plan_layout(X, chunk_nnz=chunk_nnz, **kw).chunks)
+
+
 # --------------------------------------------------------------------------
-# CPU: the pipeline with the stand-in
+# CPU: the uploads with the stand-in
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_overlapped_pipeline_matches_numpy_build(case):
+def test_overlapped_build_matches_numpy_build(case):
     shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
+    up = _upload_module()
     rng = np.random.default_rng()
     X = _problem(rng, int64=int64, dup=dup)
     snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
     kw = _kw(shuffle, batch_size, sample_block)
     A = build_layout(X, **kw)
     fake = _FakeCupy()
-    timing = {}
-    B = build_layout(X, xp=fake, chunk_nnz=chunk_nnz, _timing=timing, **kw)
+    B = up.build_from_host(X, fake, chunk_nnz=chunk_nnz, **kw)
     _assert_same(A, B, "overlapped")
-    n_chunks = len(timing["copies"])
+    n_chunks = _n_chunks(X, chunk_nnz, kw)
     assert n_chunks >= 5
     # every chunk went through pinned memory on a non-blocking copy stream
     assert fake.n_async_copies == 3 * n_chunks
@@ -263,24 +268,27 @@ def test_overlapped_pipeline_matches_numpy_build(case):
     for i in range(n_chunks):
         expected += ["sort"] + (["copy"] if i + 1 < n_chunks else []) + ["sync"]
     assert trace == expected
-    # the synchronous path of the stand-in gives the same layout
-    C = build_layout(X, xp=_FakeCupy(), chunk_nnz=chunk_nnz, _overlap=False, **kw)
+    # the planner's synchronous build with the stand-in gives the same layout
+    fake = _FakeCupy()
+    C = build_layout(X, xp=fake, chunk_nnz=chunk_nnz, **kw)
     _assert_same(A, C, "synchronous")
+    assert fake.n_async_copies == 0 and not fake.streams
     for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
         np.testing.assert_array_equal(a, b)
 
 
 def test_single_chunk_and_empty_matrix_do_not_stage():
+    up = _upload_module()
     rng = np.random.default_rng()
     X = _problem(rng)
     kw = _kw(True, 64, 30)
     fake = _FakeCupy()
-    B = build_layout(X, xp=fake, chunk_nnz=10**9, **kw)
+    B = up.build_from_host(X, fake, chunk_nnz=10**9, **kw)
     _assert_same(build_layout(X, **kw), B, "one chunk")
     assert fake.n_async_copies == 0 and not fake.streams
     E = sp.csr_matrix((50, 9), dtype=np.float32)
     fake = _FakeCupy()
-    L = build_layout(E, xp=fake, chunk_nnz=1, batch_size=4)
+    L = up.build_from_host(E, fake, chunk_nnz=1, batch_size=4)
     assert L.nnz == 0 and fake.n_async_copies == 0
 
 
@@ -288,15 +296,14 @@ def test_stand_in_catches_a_missing_wait(monkeypatch):
     """The stand-in is strict enough: without the compute stream's wait for
     the copy, the deferred copies make the layout wrong (or the build fails
     on stale indices)."""
-    from sklearn_cuwide._backends import _staging
-
+    up = _upload_module()
     rng = np.random.default_rng()
     X = _problem(rng)
     kw = _kw(True, 64, 30)
     A = build_layout(X, **kw)
-    monkeypatch.setattr(_staging.ChunkUploader, "acquire", lambda self, slot: None)
+    monkeypatch.setattr(up.PinnedUploader, "acquire", lambda self, slot, stream: None)
     try:
-        B = build_layout(X, xp=_FakeCupy(), chunk_nnz=700, **kw)
+        B = up.build_from_host(X, _FakeCupy(), chunk_nnz=700, **kw)
     except (IndexError, ValueError):  # stale data: indices out of range
         return
     with pytest.raises(AssertionError):
@@ -304,25 +311,23 @@ def test_stand_in_catches_a_missing_wait(monkeypatch):
 
 
 def test_stand_in_catches_pinned_reuse_without_host_wait(monkeypatch):
-    from sklearn_cuwide._backends import _staging
-
+    up = _upload_module()
     rng = np.random.default_rng()
     X = _problem(rng)
     kw = _kw(True, 64, 30)
-    orig = _staging.ChunkUploader.stage
+    orig = up.PinnedUploader.stage
 
-    def stage(self, fill, n_rows, nnz):
+    def stage(self, fill, sizes):
         self.copied[self._next] = None  # forget the host wait
-        return orig(self, fill, n_rows, nnz)
+        return orig(self, fill, sizes)
 
-    monkeypatch.setattr(_staging.ChunkUploader, "stage", stage)
+    monkeypatch.setattr(up.PinnedUploader, "stage", stage)
     with pytest.raises(AssertionError, match="pinned buffer rewritten"):
-        build_layout(X, xp=_FakeCupy(), chunk_nnz=700, **kw)
+        up.build_from_host(X, _FakeCupy(), chunk_nnz=700, **kw)
 
 
 def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
-    from sklearn_cuwide import _layout
-
+    up = _upload_module()
     rng = np.random.default_rng()
     X = _problem(rng)
     calls = []
@@ -337,9 +342,68 @@ def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
     monkeypatch.setattr(_layout, "_gather_rows_into", failing)
     fake = _FakeCupy()
     with pytest.raises(RuntimeError, match="gather failed"):
-        build_layout(X, xp=fake, chunk_nnz=700, **_kw(True, 64, 30))
+        up.build_from_host(X, fake, chunk_nnz=700, **_kw(True, 64, 30))
     (copy,) = fake.streams
     assert not copy.queue and not copy.in_flight  # closed: every copy waited for
+
+
+def _stream_pass(up, fake, L, bounds, order, resident):
+    """One pass of stream_chunks; the 'kernel' copies each chunk out."""
+    host = (L.feat, L.row, L.val)
+    out = [np.full(a.shape, 7, dtype=a.dtype) for a in host]
+    seen = []
+    for k, arrays, base in up.stream_chunks(
+            fake.uploader, host, bounds, order, fake._null, resident=resident):
+        a, b = bounds[k]
+        for o, d in zip(out, arrays):
+            o[a:b] = d[a - base:b - base]
+        seen.append(k)
+    assert seen == list(order)
+    return out
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_streamed_chunks_reach_the_kernel(resident):
+    """Chunks of a host layout through the pinned double buffer: into the
+    two slots' device buffers, or into resident arrays at their place; two
+    passes in different orders reuse the uploader (and its events)."""
+    up = _upload_module()
+    rng = np.random.default_rng()
+    X = _problem(rng)
+    L = build_layout(X, **_kw(True, 64, 30))
+    cuts = np.unique(np.r_[0, rng.integers(0, L.nnz, 9), L.nnz])
+    bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    fake = _FakeCupy()
+    host = (L.feat, L.row, L.val)
+    most = max(b - a for a, b in bounds)
+    fake.uploader = up.PinnedUploader(fake, [(most, a.dtype) for a in host],
+                                      device_buffers=not resident)
+    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
+    for order in (list(range(len(bounds))), rng.permutation(len(bounds)).tolist()):
+        out = _stream_pass(up, fake, L, bounds, order, dev)
+        for o, a in zip(out, host):
+            np.testing.assert_array_equal(o, a)
+        if resident:
+            for d, a in zip(dev, host):
+                np.testing.assert_array_equal(np.asarray(d), a)
+    assert fake.n_async_copies == 3 * 2 * len(bounds)
+    fake.uploader.close()
+    (copy,) = fake.streams
+    assert not copy.queue and not copy.in_flight
+
+
+def test_streamed_chunks_need_the_wait(monkeypatch):
+    up = _upload_module()
+    rng = np.random.default_rng()
+    L = build_layout(_problem(rng), **_kw(False, 64, 30))
+    cuts = np.linspace(0, L.nnz, 6).astype(int)
+    bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    fake = _FakeCupy()
+    fake.uploader = up.PinnedUploader(
+        fake, [(max(b - a for a, b in bounds), a.dtype) for a in (L.feat, L.row, L.val)])
+    monkeypatch.setattr(up.PinnedUploader, "acquire", lambda self, slot, stream: None)
+    out = _stream_pass(up, fake, L, bounds, list(range(5)), None)
+    assert not np.array_equal(out[0], L.feat)
 
 
 # --------------------------------------------------------------------------
@@ -352,19 +416,20 @@ def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
 def test_gpu_overlapped_build_is_identical(case, stream):
     import cupy as cp
 
+    from sklearn_cuwide._backends._cuda import _upload
+
     shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
     rng = np.random.default_rng()
     X = _problem(rng, int64=int64, dup=dup)
     kw = _kw(shuffle, batch_size, sample_block)
     A = build_layout(X, **kw)
-    timing = {}
+    assert _n_chunks(X, chunk_nnz, kw) >= 5  # the overlapped path runs, 5+ chunks
     s = cp.cuda.Stream(non_blocking=True) if stream == "own" else cp.cuda.get_current_stream()
     with s:
-        B = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _timing=timing, **kw)
-        C = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _overlap=False, **kw)
+        B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz, **kw)
+        C = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, **kw)
         s.synchronize()
     assert isinstance(B.feat, cp.ndarray)
-    assert len(timing["copies"]) >= 5  # the overlapped path ran, 5+ chunks
     _assert_same(A, B, "overlapped")
     _assert_same(A, C, "synchronous")
 
@@ -376,47 +441,69 @@ def test_gpu_float64_input_many_chunks():
     sizes that do not divide the data, long runs of chunks."""
     import cupy as cp
 
+    from sklearn_cuwide._backends._cuda import _upload
+
     rng = np.random.default_rng()
     X = _problem(rng, n=20011, d=3001, dtype=np.float64)
     for shuffle in (False, True):
         kw = _kw(shuffle, 257, 100)
         A = build_layout(X, **kw)
         for chunk_nnz in (5003, 30011):
-            timing = {}
-            B = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, _timing=timing, **kw)
-            assert len(timing["copies"]) >= 5
+            assert _n_chunks(X, chunk_nnz, kw) >= 5
+            B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz, **kw)
             _assert_same(A, B, f"float64 shuffle={shuffle} chunk={chunk_nnz}")
 
 
-# --------------------------------------------------------------------------
-# the benchmark script, in its CPU smoke mode
-# --------------------------------------------------------------------------
-def _bench_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import layout_overlap
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return layout_overlap
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+def test_gpu_backend_build_layout_every_source():
+    """The backend's build_layout: a host matrix (uploaded, overlapped), a
+    cupyx matrix (tiled where it is), and a budget too small for the device
+    (built on the host): the same layout every time."""
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends import _cuda
+
+    rng = np.random.default_rng()
+    X = _problem(rng, n=5003)
+    kw = dict(_kw(True, 64, 30), chunk_nnz=3001)
+    A = build_layout(X, **kw)
+    for what, src, budget in (("host", X, None), ("cupyx", cpsp.csr_matrix(X), None),
+                              ("no room", X, 1)):
+        B = _cuda.build_layout(src, memory_budget=budget, **kw)
+        assert isinstance(B.feat, np.ndarray) == (what == "no room"), what
+        _assert_same(A, B, what)
 
 
-def test_benchmark_smoke(capsys, tmp_path):
-    rows = _bench_module().main(["--smoke", "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    assert "| mode |" in out
-    assert {(r["shuffle"], r["mode"]) for r in rows} == {(False, "numpy"), (True, "numpy")}
-    assert all(r["build_ms"] > 0 for r in rows)
-    assert (tmp_path / "results.md").read_text().count("| numpy |") == 2
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("resident", [False, True])
+def test_gpu_stream_chunks_copies_every_chunk(resident):
+    """DeviceLayout.stream_chunks on a non-blocking compute stream: what each
+    chunk's 'kernel' (a copy on that stream) reads is the host chunk, for two
+    passes in different orders; a resident layout is then uploaded."""
+    import cupy as cp
 
+    from sklearn_cuwide._backends import _cuda
 
-def test_benchmark_gpu_measurement_with_the_stand_in():
-    """The GPU branch of the script (event bookkeeping, table) runs."""
-    bench = _bench_module()
-    X = _problem(np.random.default_rng(0), n=3000)
-    kw = dict(batch_size=64, sample_block=32, n_hot_max=8, chunk_nnz=3000)
-    rows = bench.measure(X, kw, xp=_FakeCupy(), repeat=1)
-    assert [(r["shuffle"], r["mode"]) for r in rows] == [
-        (False, "overlap"), (False, "sync"), (True, "overlap"), (True, "sync")]
-    assert all(r["n_chunks"] >= 5 for r in rows)
-    assert all(np.isfinite(r["copy_ratio"]) for r in rows)
-    assert "| True | sync |" in bench.table(rows)
+    rng = np.random.default_rng()
+    L = build_layout(_problem(rng, n=20011, d=3001), **_kw(True, 64, 30))
+    dl = _cuda.put_layout(L, memory_budget=None if resident else 0, chunk_bytes=30011)
+    assert dl.resident == resident and len(dl.chunks) >= 5
+    compute = cp.cuda.Stream(non_blocking=True)
+    host = (L.feat, L.row, L.val)
+    for order in (list(range(len(dl.chunks))), rng.permutation(len(dl.chunks)).tolist()):
+        with compute:
+            out = [cp.zeros(a.shape, dtype=a.dtype) for a in host]
+        for k, arrays, base in dl.stream_chunks(order, compute):
+            a, b = dl.chunk_nnz[k]
+            with compute:
+                for o, d in zip(out, arrays):
+                    o[a:b] = d[a - base:b - base]
+        compute.synchronize()
+        for o, a in zip(out, host):
+            np.testing.assert_array_equal(o.get(), a)
+        assert dl.uploaded == resident
+    if resident:
+        for d, a in zip((dl.feat, dl.row, dl.val), host):
+            np.testing.assert_array_equal(d.get(), a)

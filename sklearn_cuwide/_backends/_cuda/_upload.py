@@ -1,0 +1,221 @@
+"""Host -> device copies through two pinned slots on a copy stream.
+
+:class:`PinnedUploader` is the CUDA backend's one double-buffered uploader.
+It serves the GPU build of a host matrix (:func:`build_from_host`: while the
+GPU sorts chunk ``i``, a worker thread gathers chunk ``i + 1`` into pinned
+memory and the copy stream then copies it while the GPU finishes chunk
+``i``) and the streamed nonzeros of a host-built layout
+(:func:`stream_chunks`, behind ``DeviceLayout.stream_chunks``: chunk
+``i + 1`` is copied while the kernel trains on chunk ``i``).
+
+Two slots, each a pinned host buffer and (unless the caller gives the
+destination) a device buffer per array.  Chunk ``n`` uses slot ``n % 2``.
+Events order the work:
+
+* ``copied[s]`` (on the copy stream, after the copy out of slot ``s``): the
+  compute stream waits for it before reading the copy, and the host
+  synchronizes on it before the pinned buffer of slot ``s`` is written again;
+* ``released[s]`` (on the compute stream, after the kernels that read the
+  device buffer of slot ``s`` were enqueued): the copy stream waits for it
+  before overwriting that device buffer.  The events outlive a pass, so the
+  first copies of the next pass wait for the last kernels of this one.
+
+Threads.  Every device call is made on the calling thread; the worker only
+runs numpy on host arrays.  ``cupy.argsort`` blocks the calling thread for
+the whole sort (thrust's synchronizing policy, called with the GIL held), so
+a gather can only overlap the sort on another thread.
+
+Rule: this module takes the array module as ``xp`` (cupy) and imports no
+cupy.  Why: the CPU tests drive it with a numpy stand-in whose copies are
+deferred until waited for, which checks the event ordering without a GPU.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ... import _layout
+
+__all__ = ["PinnedUploader", "build_from_host", "stream_chunks"]
+
+
+def pinned_empty(xp, n, dtype):
+    """A numpy array of ``n`` items (at least one) in page-locked host memory."""
+    dtype = np.dtype(dtype)
+    n = max(int(n), 1)
+    mem = xp.cuda.alloc_pinned_memory(n * dtype.itemsize)
+    return np.frombuffer(mem, dtype=dtype, count=n)
+
+
+class PinnedUploader:
+    """Copies groups of host arrays to the device, two groups in flight.
+
+    A group goes through :meth:`stage` (a worker thread fills the slot's
+    pinned buffers: plain numpy, no device call) and then :meth:`upload` (on
+    the calling thread: wait for the fill, start the copies).  The compute
+    stream reads it after :meth:`acquire` and hands the slot back with
+    :meth:`release` once the kernels that read it are enqueued.
+
+    Parameters
+    ----------
+    xp : module
+        cupy.
+    specs : list of (int, dtype)
+        Most items and dtype of each array of a group.
+    device_buffers : bool, default=True
+        Allocate a device buffer per array and slot to copy into; ``False``
+        when every :meth:`upload` gives its destination.
+    """
+
+    def __init__(self, xp, specs, device_buffers=True):
+        self.xp = xp
+        # non-blocking: no implicit synchronisation with the legacy default
+        # stream, which may be the compute stream
+        self.copy = xp.cuda.Stream(non_blocking=True)
+        self.host = [[pinned_empty(xp, n, dt) for n, dt in specs] for _ in range(2)]
+        self.dev = None
+        if device_buffers:
+            self.dev = [[xp.empty(max(int(n), 1), dtype=dt) for n, dt in specs]
+                        for _ in range(2)]
+        self.copied = [None, None]
+        self.released = [None, None]
+        self._next = 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-stage")
+
+    def stage(self, fill, sizes):
+        """Start filling the next slot's pinned buffers on the worker thread.
+
+        ``fill(*arrays)`` writes the group into the pinned views it is given
+        (``sizes`` items each); it must not call the device.  Returns a
+        ticket for :meth:`upload`.
+        """
+        s = self._next
+        self._next ^= 1
+        if self.copied[s] is not None:
+            self.copied[s].synchronize()  # the last copy out of this pinned slot is done
+        host = [h[:k] for h, k in zip(self.host[s], sizes)]
+        return s, sizes, host, self._worker.submit(fill, *host)
+
+    def upload(self, ticket, into=None):
+        """Wait for a staged fill and start its copies on the copy stream.
+
+        ``into``: device arrays to copy into (the caller orders their reuse),
+        or ``None`` for the slot's device buffers (after the kernels that
+        last read them).  Returns ``(slot, device arrays)``, which the compute
+        stream may read once :meth:`acquire` was called for ``slot``.
+        """
+        s, sizes, host, done = ticket
+        done.result()  # the fill is complete (and re-raises its errors)
+        if into is None:
+            if self.released[s] is not None:
+                self.copy.wait_event(self.released[s])
+            into = [d[:k] for d, k in zip(self.dev[s], sizes)]
+        for d, h in zip(into, host):
+            if h.shape[0]:
+                d.set(h, stream=self.copy)
+        self.copied[s] = self.copy.record()
+        return s, tuple(into)
+
+    def acquire(self, slot, stream):
+        """Make ``stream`` (the compute stream) wait for the copy into ``slot``."""
+        stream.wait_event(self.copied[slot])
+
+    def release(self, slot, stream):
+        """The kernels reading ``slot`` are enqueued on ``stream``."""
+        self.released[slot] = stream.record()
+
+    def close(self):
+        """Wait for the worker and every copy (the buffers may then be freed)."""
+        self._worker.shutdown(wait=True)
+        self.copy.synchronize()
+
+
+def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, **plan_kw):
+    """:func:`sklearn_cuwide._layout.build_layout` of a host (scipy) matrix
+    on the GPU, the chunks' gathers and copies overlapped with the sorts.
+
+    ``plan_kw``: the planning keywords of
+    :func:`~sklearn_cuwide._layout.plan_layout`.  Same layout, bit for bit,
+    as the numpy build.
+    """
+    plan = _layout.plan_layout(X, chunk_nnz=chunk_nnz, **plan_kw)
+    n = len(plan.chunks)
+    if n < 2:  # nothing to overlap: one synchronous copy, no pinned buffers
+        return _layout.tile_layout(plan, xp, dtype)
+    _, indices, data = plan.source
+    rows = max(r1 - r0 for r0, r1 in map(plan.chunk_rows, range(n)))
+    nnz = max(map(plan.chunk_nnz, range(n)))
+    up = PinnedUploader(xp, [(rows + 1, np.int64), (nnz, indices.dtype), (nnz, data.dtype)])
+    compute = xp.cuda.get_current_stream()
+    tiler = _layout.LayoutTiler(plan, xp, dtype)
+
+    def stage(k):
+        r0, r1 = plan.chunk_rows(k)
+        nc = plan.chunk_nnz(k)
+        return up.stage(lambda *bufs: plan.read_chunk_into(k, *bufs), (r1 - r0 + 1, nc, nc))
+
+    try:
+        ready = up.upload(stage(0))
+        for k in range(n):
+            if k + 1 < n:  # the worker gathers the next chunk meanwhile
+                pending = stage(k + 1)
+            slot, chunk = ready
+            up.acquire(slot, compute)
+            sorted_chunk = tiler.sort(k, *chunk)
+            del chunk
+            # this chunk's kernels are enqueued and nothing reads its slot any
+            # more: start the next chunk's copy (it runs while the GPU finishes
+            # this chunk), then the host syncs of this chunk in store()
+            up.release(slot, compute)
+            if k + 1 < n:
+                ready = up.upload(pending)
+            tiler.store(sorted_chunk)
+            del sorted_chunk
+    finally:
+        up.close()  # the worker and every copy done: the buffers may go
+    return tiler.finish()
+
+
+def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None):
+    """Copy chunks of host arrays to the device through ``up``, one ahead.
+
+    Chunk ``k`` is ``a[bounds[k][0]:bounds[k][1]]`` of each array of
+    ``host_arrays``.  Yields ``(k, device arrays, base)`` for each ``k`` of
+    ``order`` after making ``compute_stream`` wait for its copy; the caller
+    enqueues the kernels that read it (entry ``i`` of the chunk at
+    ``i - base``) before asking for the next.  ``resident``: device arrays
+    of the whole length that the chunks are copied into at their place
+    (``base`` 0, kept after the pass), or ``None`` to copy each chunk into
+    a slot's device buffers (``base`` the chunk's start).
+    """
+
+    def stage(k):
+        a, b = bounds[k]
+
+        def fill(*bufs):
+            for src, dst in zip(host_arrays, bufs):
+                dst[...] = src[a:b]
+
+        return up.stage(fill, (b - a,) * len(host_arrays))
+
+    def upload(k, ticket):
+        if resident is None:
+            return up.upload(ticket)
+        a, b = bounds[k]
+        return up.upload(ticket, into=[d[a:b] for d in resident])
+
+    if not order:
+        return
+    ready = upload(order[0], stage(order[0]))
+    for n, k in enumerate(order):
+        if n + 1 < len(order):  # the worker copies the next chunk to pinned memory
+            pending = stage(order[n + 1])
+        slot, arrays = ready
+        up.acquire(slot, compute_stream)
+        if resident is None:
+            yield k, arrays, bounds[k][0]
+        else:
+            yield k, tuple(resident), 0
+        up.release(slot, compute_stream)
+        if n + 1 < len(order):
+            ready = upload(order[n + 1], pending)
