@@ -80,25 +80,26 @@ def panel_title(ax, x, y, text):
 # top: the path of a fit
 # --------------------------------------------------------------------------
 def draw_pipeline(ax):
-    panel_title(ax, 1, 95.5, "A fit, end to end")
-    y, h = 79.5, 14.5
+    panel_title(ax, 1, 95.5, "The modules, in the order a fit goes through them")
+    y, h = 79.0, 15.5
     specs = [
-        ("Your data", "X: scipy CSR / CSC / COO,\ndense, or cupy(x)\ny, sample_weight", GREY),
-        ("Estimator (thin)", "validate_data, labels -> targets,\nclass weights, device -> device_\n"
-         "StepParams + ModelState", BLUE),
-        ("Layout (_layout.py)", "features ranked by frequency,\nhot first; rows shuffled once;\n"
-         "mini-batches -> sample blocks ->\nhot | cold tiles, feature-major", ORANGE),
-        ("Solver (_solvers.py)", "fit_minibatch: epochs, shuffled\nbatch order, early stopping\n"
-         "fit_lbfgs_linear: full batch\n(arrays in, arrays out)", PURPLE),
-        ("Backend", "_cuda: CuPy + CUDA C kernels\n(NVRTC, Hogwild over SMs)\n"
-         "_cpu: numpy / scipy, same tiles,\nsequential (the reference)", GREEN),
-        ("Fitted model", "coef_, intercept_, factors_:\nnumpy, user feature order;\n"
-         "predict on the GPU if usable,\nelse on the CPU", GREY),
+        ("Estimators", "_logistic.py, _fm.py\n_base.py: parameters,\ninput checks, device,\n"
+         "prediction, pickling", BLUE),
+        ("Driver", "_minibatch.py\nfit_heads: early-stopping\nsplit, one layout,\n"
+         "one solver call per model", BLUE),
+        ("Layout", "_layout.py\nplan: ranks, rows, blocks,\nhot features, chunks;\n"
+         "tiles of a chunk\n(numpy or cupy)", ORANGE),
+        ("Solvers", "_solvers.py: fit_minibatch,\nfit_lbfgs_linear\n_lbfgs.py, _loss.py,\n"
+         "_state.py (arrays in,\narrays out)", PURPLE),
+        ("Backends", "Backend (the interface)\n_cpu.py: numpy, in order\n(the reference)\n"
+         "_concurrency.py, _tiles.py\n(pure policies)", GREEN),
+        ("CUDA backend", "_backends/_cuda/: _runtime,\n_layout + _upload, _train,\n_predict, "
+         "_lbfgs, _validate,\n_ablation (benchmarks only)\n<- cuda/*.cu via _kernels.py", GREEN),
     ]
     w, gap, x = 14.6, 2.0, 1.0
     centers = []
     for title, body, color in specs:
-        box(ax, x, y, w, h, title, body, color)
+        box(ax, x, y, w, h, title, body, color, body_size=7.6)
         centers.append((x, x + w))
         x += w + gap
     for (a0, a1), (b0, b1) in zip(centers[:-1], centers[1:]):
@@ -223,9 +224,9 @@ def draw_footer(ax):
     txt = (
         "GPU: up to 2 blocks per SM (at least 16 mini-batches each) take mini-batches from an "
         "atomic counter (Hogwild: lock-free atomic updates; no update is lost, reads may be stale).\n"
-        "FM steps are divided by sqrt(1 + (P - 1) q) for P blocks in flight and a feature in a "
-        "fraction q of the mini-batches; the first epoch of a fresh fit ramps the concurrency up "
-        "(1, 2, 4, ... blocks).\n"
+        "A feature that about u = 1 + (P - 1) q of P workers update at once (q: its share of the "
+        "mini-batches) takes steps damped beyond a cap C; the first epoch of a fresh fit adds the "
+        "workers in stages (1, 2, 4, ...).\n"
         "Layouts larger than the device-memory budget are built on the host and streamed in 64 MiB "
         "chunks through two buffers (pinned staging, copy stream).  CPU: the same tiles, one sample "
         "block after another."
