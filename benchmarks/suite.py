@@ -57,7 +57,19 @@ def gpu_available():
         return False
 
 
+#: modules whose version is read from their metadata (importing them only for
+#: a version costs seconds)
+_BY_METADATA = ("torch", "matplotlib")
+
+
 def _version(mod):
+    from importlib import metadata
+
+    if mod in _BY_METADATA:
+        try:
+            return metadata.version(mod)
+        except metadata.PackageNotFoundError as exc:
+            return f"absent ({type(exc).__name__})"
     try:
         return getattr(__import__(mod), "__version__", "?")
     except Exception as exc:
@@ -151,14 +163,18 @@ def run_dataset(ctx, data, jobs, fl, *, real):
     info = dataset_info(data, fl)
     log(f"\n== {data.key}: {data.n:,} train rows, {info['test_rows']:,} test, "
         f"{data.d:,} features, {info['nnz_per_row']:.1f} nnz/row")
-    pending = {}
+    pending, systems = {}, {}
     if not ctx.skipped("sklearn"):
         specs = sklearn_specs(data, epochs=cfg["real_epochs"] if real else cfg["epochs"],
                               sk_rows=data.n if real else cfg["sk_rows"],
                               sgd_rows=data.n if real else cfg["sgd_rows"])
-        pending = {sid: jobs.submit(spec, key=(data.base or data.key, rows, sid))
-                   for sid, (rows, spec) in specs.items()}
-    systems = {}
+        for sid, (rows, spec) in specs.items():
+            if ctx.left() > 0:
+                pending[sid] = jobs.submit(spec, key=(data.base or data.key, rows, sid))
+            else:
+                label, family = SK_LABELS[sid]
+                systems[sid] = {"skipped": f"time budget of {ctx.budget_s:.0f} s used up",
+                                "label": label, "family": family}
     for sid, label, family, thunk in system_list(ctx, data, real=real):
         rec = ctx.run(label, thunk)
         rec.update(label=label, family=family)
