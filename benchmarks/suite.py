@@ -84,7 +84,7 @@ def _git(*args):
 def part_env(ctx, argv):
     env = {"command": "python -m benchmarks " + " ".join(shlex.quote(a) for a in argv),
            "cwd": os.getcwd(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-           "mode": ctx.cfg["mode"], "device": ctx.device, "python": platform.python_version(),
+           "mode": ctx.cfg["mode"], "device": ctx.device_name, "python": platform.python_version(),
            "platform": platform.platform(), "cpu_count": os.cpu_count()}
     for mod in ("numpy", "scipy", "sklearn", "sklearn_cuwide", "cupy", "torch", "matplotlib"):
         env[mod] = _version(mod)

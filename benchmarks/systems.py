@@ -104,6 +104,7 @@ class Ctx:
         self.cfg = cfg
         self.skip = set(skip)
         self.device = "cuda" if gpu else "cpu"  # the estimators' device parameter
+        self.device_name = "cuda:0" if gpu else "cpu"  # where it ran, as recorded
         self.t0 = time.perf_counter()
         self.budget_s = float(cfg["budget_s"] if budget_s is None else budget_s)
         self.deadline = self.t0 + self.budget_s
@@ -191,7 +192,7 @@ def ours_epochs(ctx, data, make, *, epochs, variant="flow", evaluate=True):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = time_epochs(est, data.X, data.y, epochs=epochs, variant=variant, eval_X=Xt)
-    rec = {"device": ctx.device, "rows": data.n, "epochs": epochs, "setup_s": t.setup_s,
+    rec = {"device": ctx.device_name, "rows": data.n, "epochs": epochs, "setup_s": t.setup_s,
            "workers": t.workers, "n_hot": t.n_hot, "settings": _settings(est),
            "gpu_peak_bytes": ctx.mem_peak(tok), "train_loss": list(t.loss)}
     epoch_summary(rec, [s * 1e3 for s in t.epoch_s])
@@ -232,7 +233,7 @@ def ours_fit(ctx, data, make, *, rows=None):
         est.fit(d.X, d.y)
         ctx.sync()
         fit_s = time.perf_counter() - t0
-    rec = {"device": str(getattr(est, "device_", ctx.device)), "rows": d.n, "fit_s": fit_s,
+    rec = {"device": str(getattr(est, "device_", ctx.device_name)), "rows": d.n, "fit_s": fit_s,
            "gpu_peak_bytes": ctx.mem_peak(tok), "settings": _settings(est)}
     if getattr(est, "n_iter_", None) is not None:
         rec["n_iter"] = int(np.max(est.n_iter_))
@@ -505,9 +506,11 @@ class TorchWide:
             sparse = [self.emb.weight]
         self.bias = torch.zeros(1, device=self.dev, requires_grad=True)
         if optimizer == "adagrad":
-            self.opts = [torch.optim.Adagrad(sparse, lr=lr), torch.optim.Adagrad([self.bias], lr=lr)]
+            self.opts = [torch.optim.Adagrad(sparse, lr=lr),
+                         torch.optim.Adagrad([self.bias], lr=lr)]
         elif optimizer == "adam":
-            self.opts = [torch.optim.SparseAdam(sparse, lr=lr), torch.optim.Adam([self.bias], lr=lr)]
+            self.opts = [torch.optim.SparseAdam(sparse, lr=lr),
+                         torch.optim.Adam([self.bias], lr=lr)]
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}")
         self.loss = torch.nn.BCEWithLogitsLoss()
@@ -597,7 +600,7 @@ def _torch_once(ctx, data, *, k, epochs, optimizer, batch_size, lr, device, nnz_
         total += dt
         curve.append({"epoch": ep + 1, "time_s": total,
                       **metrics(data.task, data.yt, m.decision(test))})
-    rec = {"device": device, "rows": data.n, "epochs": epochs, "setup_s": setup,
+    rec = {"device": ctx.device_name, "rows": data.n, "epochs": epochs, "setup_s": setup,
            "optimizer": optimizer, "batch_size": batch_size, "learning_rate": lr,
            "gpu_peak_bytes": int(torch.cuda.max_memory_allocated()) if device == "cuda"
            else None, "curve": curve}
@@ -722,7 +725,8 @@ def run_cusparse(ctx, data, *, k):
     m.epoch(order)
     ctx.sync()
     dt = time.perf_counter() - t0
-    return {"device": "cuda", "rows": data.n, "batches_timed": used, "batches_per_epoch": nb,
+    return {"device": ctx.device_name, "rows": data.n, "batches_timed": used,
+            "batches_per_epoch": nb,
             "epoch_ms": dt * 1e3 * nb / used, "gpu_peak_bytes": ctx.mem_peak(tok),
             "note": f"timed over {used} of {nb} mini-batches, scaled to an epoch"}
 

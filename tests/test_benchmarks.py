@@ -8,6 +8,7 @@ timing is asserted.
 """
 
 import json
+import time
 import os
 import re
 import subprocess
@@ -267,3 +268,88 @@ def test_time_epochs_refuses_what_it_cannot_time(ctr):
     with pytest.raises(ValueError, match="variant must be one of"):
         time_epochs(GPULogisticRegression(solver="adagrad", device="cpu"), X, y,
                     variant="nope")
+
+
+def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
+    """The GPU branch of the probe, driven by the CPU backend dressed as the
+    CUDA one and a stand-in for cupy's events: the ablation switches reach
+    run_epoch, every cluster size's kernel is compiled before the first
+    epoch, and the classic schema trains from the training CSR in the
+    layout's row and feature order, visiting the rows batch by batch."""
+    import types
+
+    import sklearn_cuwide._base as base
+    from sklearn_cuwide._backends import _cpu
+
+    X, y, Xe = ctr
+    calls = {"run_epoch": [], "kernels": [], "classic": []}
+
+    class Backend:
+        name = "cuda"
+
+        def __getattr__(self, attr):
+            return getattr(_cpu, attr)
+
+        def build_layout(self, X, **kw):
+            self.layout = _cpu.build_layout(X, **kw)
+            return self.layout
+
+        def concurrent_blocks(self, concurrency, params, n_batches):
+            return 3
+
+        def default_ramp(self, params):
+            return 2
+
+        def cluster_sizes(self):
+            return (1, 2)
+
+        def train_kernel(self, params, n_outputs, n_factors, cluster=1, acc_global=False):
+            calls["kernels"].append((n_factors, cluster, acc_global))
+
+        def run_epoch(self, *a, **opts):
+            calls["run_epoch"].append(opts)
+            return _cpu.run_epoch(*a)
+
+        def run_epoch_classic(self, Xc, y, sw, state, params, order_rows):
+            calls["classic"].append((Xc, np.asarray(order_rows)))
+            return 0.0
+
+    class Event:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Event=Event,
+                                      get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    be = Backend()
+    monkeypatch.setattr(base, "_fit_device", lambda device, X: ("cuda:0", be))
+    fm = GPUFactorizationMachine(n_factors=4, batch_size=256, tol=None, random_state=0)
+
+    t = time_epochs(fm, X, y, epochs=2, variant="no_replicas", eval_X=Xe)
+    assert [o.get("n_rep") for o in calls["run_epoch"]] == [1, 1]
+    assert [o["grid"] for o in calls["run_epoch"]] == [3, 3] and t.workers == 3
+    assert "ramp" in calls["run_epoch"][0] and "ramp" not in calls["run_epoch"][1]
+    assert calls["kernels"] == [(4, 1, False), (4, 2, False)]
+    assert len(t.epoch_s) == len(t.eval_decision) == 2 and t.n_hot > 0
+    calls["run_epoch"].clear()
+    calls["kernels"].clear()
+    t = time_epochs(fm, X, y, epochs=1, variant="global_accumulators")
+    assert calls["run_epoch"][0]["acc_global"] is True
+    assert calls["kernels"] == [(4, 1, True), (4, 2, True)]
+    assert time_epochs(fm, X, y, epochs=1, variant="no_hot_cache").n_hot == 0
+
+    time_epochs(fm, X, y, epochs=2, variant="classic")
+    L = be.layout
+    (_, empty), (Xc, rows1), (_, rows2) = calls["classic"]
+    assert empty.size == 0  # the compiling launch
+    expect = X.tocsr()[L.row_order][:, L.feature_order]
+    assert Xc.dtype == np.float32 and (abs(Xc - expect) > 0).nnz == 0
+    srp, bsp = L.sblock_row_ptr, L.batch_sblock_ptr
+    for rows in (rows1, rows2):
+        assert np.array_equal(np.sort(rows), np.arange(X.shape[0]))
+        starts = rows[np.flatnonzero(np.diff(rows) != 1) + 1]
+        assert set(starts.tolist()) <= set(srp[bsp[:-1]].tolist())
