@@ -33,7 +33,7 @@ def _ok(v):
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
-def _entries(block):
+def entries(block):
     """The datasets of a systems/real block that ran."""
     return {n: e for n, e in (block or {}).items() if isinstance(e, dict) and "systems" in e}
 
@@ -216,7 +216,7 @@ def _md_systems(res, part, title):
     if isinstance(block.get("error"), str):
         return L + [f"The part failed: {block['error']}", ""]
     for name, entry in block.items():
-        if name not in _entries(block):
+        if name not in entries(block):
             what = entry.get("error") or entry.get("skipped") if isinstance(entry, dict) else entry
             L += [f"### {name}", "", f"{what}", ""]
             continue
@@ -246,16 +246,16 @@ REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_scaled", "est_lr_lbfgs", 
 
 def _md_real_summary(block):
     """One line per real dataset: test AUC (RMSE for regression) of each system."""
-    entries = _entries(block)
-    cols = [c for c in REAL_SUMMARY if any(c in e["systems"] for e in entries.values())]
+    ran = entries(block)
+    cols = [c for c in REAL_SUMMARY if any(c in e["systems"] for e in ran.values())]
     if not cols:
         return []
-    label = {c: next(e["systems"][c].get("label", c) for e in entries.values()
+    label = {c: next(e["systems"][c].get("label", c) for e in ran.values()
                      if c in e["systems"]) for c in cols}
     L = ["### Summary: test AUC (RMSE for regression)", "",
          "| dataset | " + " | ".join(label[c] for c in cols) + " | ours epoch ms |",
          "|---|" + "---:|" * (len(cols) + 1)]
-    for name, e in entries.items():
+    for name, e in ran.items():
         cells = []
         for c in cols:
             r = e["systems"].get(c, {})
@@ -361,7 +361,7 @@ def _plt():
 
 def plot_systems(res, path):
     """Epoch ms per million rows of every epoch-based system, per synthetic dataset."""
-    blocks = [(n, e) for n, e in _entries(res.get("systems")).items()
+    blocks = [(n, e) for n, e in entries(res.get("systems")).items()
               if any(_ok(r.get("ms_per_mrow")) for r in e["systems"].values())]
     if not blocks:
         return None
@@ -483,7 +483,7 @@ def make_plots(res, out_dir):
 # --------------------------------------------------------------------------
 def short_table(res):
     out = []
-    for name, entry in _entries(res.get("systems")).items():
+    for name, entry in entries(res.get("systems")).items():
         if not entry.get("main"):
             continue
         out.append(f"\n{name} (epoch floor {_f(entry['info'].get('floor_ms'), '.3f')} ms; "

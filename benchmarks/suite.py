@@ -226,7 +226,7 @@ def part_real(ctx, jobs, fl, names=None):
 def finish(ctx, res, jobs):
     """The scikit-learn results, then every dataset's derived figures."""
     for part in ("systems", "real"):
-        for name, entry in report._entries(res.get(part)).items():
+        for name, entry in report.entries(res.get(part)).items():
             for sid, handle in entry.pop("pending", {}).items():
                 rec = jobs.result(handle, timeout=ctx.left() + 30)
                 rec.update(label=SK_LABELS[sid][0], family=SK_LABELS[sid][1])

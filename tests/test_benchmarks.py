@@ -135,7 +135,9 @@ def test_ablation_and_scaling(smoke):
     assert [p["x"] for p in sc["factors"]["FM"]] == res["config"]["scale_factors"]
     for pts in list(sc["rows"].values()) + list(sc["features"].values()):
         assert all(p["epoch_ms"] > 0 and p["floor_ms"] > 0 and p["nnz"] > 0 for p in pts)
-    assert sc["fits"]["rows LR"]["slope"] > 0 and "linear" in sc["fits"]["rows LR"]
+    assert {"slope", "r2", "saturated", "linear"} <= set(sc["fits"]["rows LR"])
+    assert set(sc["fits"]) == {"rows LR", "rows FM4", "features LR", "features FM4",
+                               "factors FM"}
 
 
 def test_real_datasets_present_or_listed_absent(smoke):
