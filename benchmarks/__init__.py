@@ -1,0 +1,8 @@
+"""The benchmark harness of sklearn-cuwide: ``python -m benchmarks --help``.
+
+Modules: :mod:`.configs` (sizes, settings, budgets), :mod:`.data` (synthetic
+and real data), :mod:`.systems` (ours and the peers, the floors),
+:mod:`.report` (results.json, results.md, plots, the short table) and
+:mod:`.suite` (the parts and the command line).  Nothing here is imported by
+the package.
+"""

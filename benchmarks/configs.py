@@ -1,0 +1,127 @@
+"""Sizes, settings and time budgets of the three run modes.
+
+``--gpu``: the comparison on the GPU machine; ``--cpu``: a small variant for a
+2-core CPU (GPU-only systems are recorded as not available); ``--smoke``:
+tiny sizes, seconds (what ``tests/test_benchmarks.py`` runs).
+"""
+
+PARTS = ("floors", "systems", "real", "ablation", "scaling")
+#: groups of systems ``--skip`` can leave out
+SKIPPABLE = ("kernel", "estimators", "defaults", "lbfgs", "sgd", "sklearn", "torch",
+             "cusparse", "classic", "regression", "plots")
+
+# the settings every system shares (the peers get the same ones)
+BATCH = 1024
+LEARNING_RATE = 0.05  # adagrad; sgd's comes from the data ("auto")
+REG_LEARNING_RATE = 0.02  # the FM regressor's
+INIT_SCALE = 0.01
+C_LR = 0.1  # inverse L2 strength of every logistic regression (scikit-learn's C)
+# lbfgs (ours and scikit-learn's) converged, not capped, on the Criteo-like data
+LBFGS_TOL = 1e-5
+LBFGS_MAX_ITER = 300
+RIDGE_ALPHA = 1.0
+REAL_FM_L2 = (3e-4, 3e-4)
+TARGET_SLACK = 1.01  # target logloss = scikit-learn LogisticRegression's x this
+WARM_ROWS = 4096  # rows of the warm-up fits that compile the kernels before timing
+
+#: the PyTorch baselines' learning-rate grid (``--torch-grid``): every
+#: optimiser x batch size x rate is trained, the best test logloss reported
+TORCH_GRID = {
+    "optimizers": ("adagrad", "adam"),
+    "batch_sizes": (1024, 4096, 65536),
+    "learning_rates": (0.01, 0.05, 0.2),
+}
+
+CONFIGS = {
+    "gpu": dict(
+        systems_data=[(4_000_000, 22)],
+        test_rows=400_000,
+        n_factors=16,
+        epochs=3,
+        sk_rows=250_000,  # LogisticRegression (and our lbfgs beside it), Ridge
+        sgd_rows=1_000_000,  # SGDClassifier
+        reg_rows=1_000_000,
+        cusparse_batches=400,
+        real_epochs=10,
+        real_max_rows=None,
+        real_datasets=None,
+        ablation_data=(4_000_000, 22),
+        scale_rows=[1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000],
+        scale_rows_features=22,
+        scale_features=[20, 22, 24, 26],
+        scale_features_rows=1_000_000,
+        scale_factors=[4, 16, 64, 128],
+        scale_factors_data=(1_000_000, 22),
+        scale_epochs=3,
+        fm_l2=(1e-7, 1e-6),
+        budget_s=420.0,
+        sk_workers=3,
+        torch_grid=None,
+        estimates={"env": 3, "floors": 8, "systems": 200, "real": 40, "ablation": 40,
+                   "scaling": 160, "finish": 10},
+    ),
+    "cpu": dict(
+        systems_data=[(100_000, 18)],
+        test_rows=20_000,
+        n_factors=16,
+        epochs=3,
+        sk_rows=100_000,
+        sgd_rows=100_000,
+        reg_rows=50_000,
+        cusparse_batches=50,
+        real_epochs=5,
+        real_max_rows=None,
+        real_datasets=None,
+        ablation_data=(50_000, 18),
+        scale_rows=[50_000, 100_000, 200_000],
+        scale_rows_features=18,
+        scale_features=[16, 18, 20],
+        scale_features_rows=50_000,
+        scale_factors=[4, 16, 64],
+        scale_factors_data=(50_000, 18),
+        scale_epochs=2,
+        fm_l2=(3e-4, 3e-4),
+        budget_s=1800.0,
+        sk_workers=0,
+        torch_grid=None,
+        estimates={"env": 1, "floors": 2, "systems": 90, "real": 60, "ablation": 10,
+                   "scaling": 60, "finish": 5},
+    ),
+    "smoke": dict(
+        systems_data=[(4_000, 12)],
+        test_rows=1_000,
+        n_factors=4,
+        epochs=2,
+        sk_rows=3_000,
+        sgd_rows=3_000,
+        reg_rows=2_000,
+        cusparse_batches=3,
+        real_epochs=2,
+        real_max_rows=2_000,
+        real_datasets=["criteo_xlearn_ffm", "movielens_100k"],
+        ablation_data=(3_000, 12),
+        scale_rows=[1_000, 2_000, 4_000],
+        scale_rows_features=12,
+        scale_features=[10, 12],
+        scale_features_rows=2_000,
+        scale_factors=[2, 4],
+        scale_factors_data=(2_000, 12),
+        scale_epochs=1,
+        fm_l2=(3e-4, 3e-4),
+        budget_s=600.0,
+        sk_workers=0,
+        torch_grid=None,
+        estimates={"env": 1, "floors": 1, "systems": 10, "real": 5, "ablation": 2,
+                   "scaling": 5, "finish": 2},
+    ),
+}
+
+
+def make_config(mode, smoke=False, **overrides):
+    """The settings of a run: the mode's (``smoke``: the tiny ones), then
+    the command line's overrides (None leaves a setting as it is)."""
+    cfg = dict(CONFIGS["smoke" if smoke else mode])
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    cfg.update(mode=mode, smoke=bool(smoke), batch_size=BATCH, learning_rate=LEARNING_RATE,
+               C=C_LR, lbfgs_tol=LBFGS_TOL, lbfgs_max_iter=LBFGS_MAX_ITER)
+    return cfg

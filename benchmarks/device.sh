@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, from the repository root, in one device call:
+#   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench (default: all)
+# Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
+# benchmarks/results/device); a summary table is printed last.  The real
+# datasets, carried as the ignored folder .data, reach every step.
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+OUT=${OUT:-benchmarks/results/device}
+mkdir -p "$OUT"
+[[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
+# the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)
+MEMCHECK_K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32) or fused or memory_kernels or (cluster and (fm8 or lr-adagrad or mlr or edge))'
+RACECHECK_K='epoch_matches_reference or all_hot or fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
+PYTEST="python -m pytest -q -p no:cacheprovider"
+summary=()
+step() {  # name, command...
+  local name=$1 t0=$SECONDS rc
+  shift
+  "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  summary+=("$(printf '%-10s rc=%-3s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
+    "$(grep -h 'passed\|failed\|ERROR SUMMARY\|RACECHECK SUMMARY\|errors recorded' "$OUT/$name.log" | tail -n 1 | cut -c1-100)")")
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+for s in ${*:-tests memcheck racecheck demo bench}; do
+  case $s in
+    tests) step tests $PYTEST -m gpu tests ;;
+    memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+        $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K" ;;
+    racecheck) step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
+        $PYTEST -x tests/test_gpu_kernels.py -k "$RACECHECK_K" ;;
+    demo) step demo python -m sklearn_cuwide.demo --n-samples 400000 ;;
+    bench) step bench python -m benchmarks --gpu --out "$OUT/results" ;;
+    *) echo "unknown step $s (tests memcheck racecheck demo bench)" >&2 ;;
+  esac
+done
+[[ -f "$OUT/bench.log" ]] && sed -n '/^wrote /,$p' "$OUT/bench.log"
+echo
+cat "$OUT/gpu.txt"
+printf '%s\n' "${summary[@]}"

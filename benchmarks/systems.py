@@ -1,0 +1,797 @@
+"""Every system the harness compares, and the floors they are measured against.
+
+Ours, through the public estimators only:
+
+* ``ours_*`` rows train for a fixed number of epochs through
+  :func:`sklearn_cuwide._profiling.time_epochs` (the estimator's own fit code;
+  device time of each epoch, test metrics after each epoch);
+* ``est_*`` rows time ``fit`` end to end (at the suite's settings, and at the
+  estimators' defaults).
+
+Peers: scikit-learn's ``LogisticRegression`` / ``SGDClassifier`` / ``Ridge`` on
+the CPU (in worker processes beside the GPU work on the GPU machine), a
+PyTorch ``EmbeddingBag`` LR and ``Embedding`` FM, and a CuPy cuSPARSE
+mini-batch baseline.  Floors: the device copy bandwidth (one read of the CSR
+bytes at it is the floor of an epoch) and the pinned host->device rate.
+
+Every system runs inside a guard (:meth:`Ctx.run`): an exception is recorded
+under ``error`` and the run goes on.
+"""
+
+import itertools
+import math
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+from .configs import (
+    BATCH,
+    C_LR,
+    INIT_SCALE,
+    LBFGS_MAX_ITER,
+    LBFGS_TOL,
+    LEARNING_RATE,
+    REAL_FM_L2,
+    REG_LEARNING_RATE,
+    RIDGE_ALPHA,
+    WARM_ROWS,
+)
+from .data import csr_rows
+
+
+class NotAvailable(Exception):
+    """A system that cannot run here (no GPU, no package)."""
+
+
+class Skipped(Exception):
+    """A system that does not apply to this data, or the budget is spent."""
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def err_text(exc):
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def guarded(label, fn, *a, **kw):
+    """``fn(*a, **kw)``, or a record of what stopped it."""
+    t0 = time.perf_counter()
+    try:
+        out = fn(*a, **kw)
+    except NotAvailable as exc:
+        out = {"error": f"not available: {exc}"}
+    except Skipped as exc:
+        out = {"skipped": str(exc)}
+    except Exception as exc:  # recorded; the run goes on
+        out = {"error": err_text(exc), "traceback": traceback.format_exc()[-2000:]}
+        log(f"    ! {label}: {out['error']}")
+    out.setdefault("wall_s", time.perf_counter() - t0)
+    return out
+
+
+def metrics(task, y, z):
+    """Test metrics from decision values ``z`` (log-odds, or predictions)."""
+    z = np.asarray(z, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if task == "regression":
+        return {"test_rmse": float(np.sqrt(np.mean((z - y) ** 2)))}
+    from sklearn.metrics import roc_auc_score
+
+    out = {"test_logloss": float(np.mean(np.logaddexp(0.0, z) - y * z))}
+    out["test_auc"] = float(roc_auc_score(y, z)) if 0 < y.sum() < y.size else math.nan
+    return out
+
+
+def epoch_summary(rec, times_ms):
+    """Per-epoch times into a record: the first apart (uploads, warm-up), the
+    median of the others as the epoch time."""
+    rec["first_epoch_ms"] = times_ms[0]
+    rec["epoch_ms_list"] = list(times_ms)
+    rec["epoch_ms"] = float(np.median(times_ms[1:])) if len(times_ms) > 1 else times_ms[0]
+    return rec
+
+
+class Ctx:
+    """A run: the device, the budget, the kernels already compiled."""
+
+    def __init__(self, gpu, cfg, skip=(), budget_s=None):
+        self.gpu = bool(gpu)
+        self.cfg = cfg
+        self.skip = set(skip)
+        self.device = "cuda" if gpu else "cpu"  # the estimators' device parameter
+        self.device_name = "cuda:0" if gpu else "cpu"  # where it ran, as recorded
+        self.t0 = time.perf_counter()
+        self.budget_s = float(cfg["budget_s"] if budget_s is None else budget_s)
+        self.deadline = self.t0 + self.budget_s
+        self.warmed = set()
+        self.compile_s = {}
+        self.notes = []
+        self.dead = None  # why the GPU stopped working, once it did
+
+    def skipped(self, *tags):
+        return any(t in self.skip for t in tags)
+
+    def left(self):
+        return self.deadline - time.perf_counter()
+
+    def check_budget(self):
+        if self.dead:
+            raise Skipped(f"the device failed earlier ({self.dead})")
+        if self.left() <= 0:
+            raise Skipped(f"time budget of {self.budget_s:.0f} s used up")
+
+    def sync(self):
+        if self.gpu:
+            import cupy as cp
+
+            cp.cuda.Device().synchronize()
+
+    def run(self, label, fn, *a, **kw):
+        """``guarded``; after a failure on the GPU, check the device still
+        works (a kernel fault leaves the CUDA context unusable: the GPU work
+        after it is then skipped and says why)."""
+        rec = guarded(label, fn, *a, **kw)
+        if "error" in rec and self.gpu and not self.dead:
+            try:
+                self.sync()
+            except Exception as exc:
+                self.dead = f"after {label}: {err_text(exc)}"
+                self.notes.append(f"The CUDA context failed {self.dead}; the GPU work after "
+                                  "it was skipped.")
+                log(f"  !!! the device failed ({self.dead}); skipping further GPU work")
+        return rec
+
+    def mem_begin(self):
+        """cupy memory-pool bytes before a GPU run (None on the CPU)."""
+        if not self.gpu:
+            return None
+        import cupy as cp
+
+        pool = cp.get_default_memory_pool()
+        pool.free_all_blocks()
+        return int(pool.total_bytes())
+
+    def mem_peak(self, token):
+        if token is None:
+            return None
+        import cupy as cp
+
+        return int(cp.get_default_memory_pool().total_bytes() - token)
+
+
+# --------------------------------------------------------------------------
+# ours
+# --------------------------------------------------------------------------
+def _settings(est):
+    keep = ("solver", "learning_rate", "C", "alpha", "beta", "n_factors", "batch_size",
+            "concurrency", "scale_penalty", "max_iter", "tol")
+    return {k: v for k, v in est.get_params().items() if k in keep}
+
+
+def ours_epochs(ctx, data, make, *, epochs, variant="flow", evaluate=True):
+    """``epochs`` epochs of an estimator's model through ``time_epochs``."""
+    from sklearn_cuwide._profiling import time_epochs
+
+    ctx.check_budget()
+    est = make()
+    Xt = data.Xt if evaluate and data.Xt.shape[0] else None
+    key = ("epochs", repr(est), variant)
+    if ctx.gpu and key not in ctx.warmed:  # compile before any timing
+        t0 = time.perf_counter()
+        w = data.rows(WARM_ROWS)
+        time_epochs(est, w.X, w.y, epochs=1, variant=variant,
+                    eval_X=None if Xt is None else csr_rows(Xt, 0, min(64, Xt.shape[0])))
+        ctx.warmed.add(key)
+        ctx.compile_s[f"{type(est).__name__} {variant}"] = time.perf_counter() - t0
+    tok = ctx.mem_begin()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = time_epochs(est, data.X, data.y, epochs=epochs, variant=variant, eval_X=Xt)
+    rec = {"device": ctx.device_name, "rows": data.n, "epochs": epochs, "setup_s": t.setup_s,
+           "workers": t.workers, "n_hot": t.n_hot, "settings": _settings(est),
+           "gpu_peak_bytes": ctx.mem_peak(tok), "train_loss": list(t.loss)}
+    epoch_summary(rec, [s * 1e3 for s in t.epoch_s])
+    total, curve = t.setup_s, []
+    for e, s in enumerate(t.epoch_s):
+        total += s
+        pt = {"epoch": e + 1, "time_s": total, "train_loss": t.loss[e]}
+        if t.eval_decision:
+            pt.update(metrics(data.task, data.yt, t.eval_decision[e]))
+        curve.append(pt)
+    rec["curve"] = curve
+    if curve:
+        rec.update({k: v for k, v in curve[-1].items() if k.startswith("test_")})
+    return rec
+
+
+def ours_fit(ctx, data, make, *, rows=None):
+    """``fit`` end to end, then the test metrics."""
+    ctx.check_budget()
+    d = data if rows is None else data.rows(rows)
+    est = make()
+    key = ("fit", repr(est))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if ctx.gpu and key not in ctx.warmed:  # compile on a few rows first
+            t0 = time.perf_counter()
+            w = make()
+            if "max_iter" in w.get_params() and w.get_params().get("solver") != "lbfgs":
+                w.set_params(max_iter=1)
+            w.fit(d.rows(WARM_ROWS).X, d.y[:WARM_ROWS])
+            if d.Xt.shape[0]:
+                w.predict(csr_rows(d.Xt, 0, min(64, d.Xt.shape[0])))
+            ctx.warmed.add(key)
+            ctx.compile_s[f"{type(est).__name__} fit"] = time.perf_counter() - t0
+        tok = ctx.mem_begin()
+        ctx.sync()
+        t0 = time.perf_counter()
+        est.fit(d.X, d.y)
+        ctx.sync()
+        fit_s = time.perf_counter() - t0
+    rec = {"device": str(getattr(est, "device_", ctx.device_name)), "rows": d.n, "fit_s": fit_s,
+           "gpu_peak_bytes": ctx.mem_peak(tok), "settings": _settings(est)}
+    if getattr(est, "n_iter_", None) is not None:
+        rec["n_iter"] = int(np.max(est.n_iter_))
+    if d.Xt.shape[0]:
+        z = est.predict(d.Xt) if d.task == "regression" else est.decision_function(d.Xt)
+        rec.update(metrics(d.task, d.yt, z))
+        if d.task != "regression":
+            rec["curve"] = [{"epoch": rec.get("n_iter"), "time_s": fit_s,
+                             "test_logloss": rec["test_logloss"], "test_auc": rec["test_auc"]}]
+    if getattr(est, "solver", "") == "lbfgs":
+        rec["coef"] = np.asarray(est.coef_, dtype=np.float64).ravel()
+    return rec
+
+
+def system_list(ctx, data, *, real):
+    """``(id, label, family, thunk)`` of every system that runs on ``data``."""
+    from sklearn_cuwide import (
+        GPUFactorizationMachine,
+        GPUFactorizationMachineRegressor,
+        GPULogisticRegression,
+    )
+
+    cfg = ctx.cfg
+    k = cfg["n_factors"]
+    epochs = cfg["real_epochs"] if real else cfg["epochs"]
+    fa, fb = REAL_FM_L2 if real else cfg["fm_l2"]
+    dev = ctx.device
+    mb = dict(batch_size=BATCH, random_state=0, device=dev)
+    out = []
+
+    def add(sid, label, family, tags, thunk):
+        if not ctx.skipped(*tags):
+            out.append((sid, label, family, thunk))
+
+    def lr(solver, **kw):
+        rate = LEARNING_RATE if solver == "adagrad" else "auto"
+        return lambda: GPULogisticRegression(solver=solver, C=C_LR, learning_rate=rate,
+                                             **mb, **kw)
+
+    def fm(**kw):
+        return lambda: GPUFactorizationMachine(n_factors=k, learning_rate=LEARNING_RATE,
+                                               alpha=fa, beta=fb, init_scale=INIT_SCALE,
+                                               **mb, **kw)
+
+    def epochs_of(make):
+        return lambda: ours_epochs(ctx, data, make, epochs=epochs)
+
+    def fit_of(make, rows=None):
+        return lambda: ours_fit(ctx, data, make, rows=rows)
+
+    if data.task == "binary":
+        add("ours_lr_adagrad", "ours LR adagrad (epochs)", "LR", ("kernel",),
+            epochs_of(lr("adagrad", concurrency="auto")))
+        if not real:
+            add("ours_lr_sgd", "ours LR sgd (epochs, concurrency=auto)", "LR",
+                ("kernel", "sgd"), epochs_of(lr("sgd", concurrency="auto")))
+            add("ours_lr_sgd_max", "ours LR sgd (epochs, concurrency=max)", "LR",
+                ("kernel", "sgd"), epochs_of(lr("sgd", concurrency="max")))
+        add("ours_fm", f"ours FM{k} adagrad (epochs, concurrency=max)", "FM", ("kernel",),
+            epochs_of(fm(concurrency="max")))
+        add("ours_fm_auto", f"ours FM{k} adagrad (epochs, concurrency=auto)", "FM",
+            ("kernel",), epochs_of(fm(concurrency="auto")))
+        add("ours_fm_scaled", f"ours FM{k} adagrad (epochs, concurrency=max, scale_penalty)",
+            "FM", ("kernel",), epochs_of(fm(concurrency="max", scale_penalty=True)))
+        add("est_lr_adagrad", "ours GPULogisticRegression adagrad (fit)", "LR-fit",
+            ("estimators",), fit_of(lr("adagrad", max_iter=epochs, tol=1e-4)))
+        if not real:
+            add("est_lr_sgd", "ours GPULogisticRegression sgd (fit)", "LR-fit",
+                ("estimators", "sgd"), fit_of(lr("sgd", max_iter=epochs, tol=1e-4)))
+        add("est_lr_lbfgs", "ours GPULogisticRegression lbfgs (fit)", "lbfgs",
+            ("estimators", "lbfgs"),
+            fit_of(lambda: GPULogisticRegression(C=C_LR, tol=LBFGS_TOL,
+                                                 max_iter=LBFGS_MAX_ITER, device=dev),
+                   rows=cfg["sk_rows"] if not real else None))
+        add("est_fm", f"ours GPUFactorizationMachine k={k} (fit)", "FM-fit", ("estimators",),
+            fit_of(fm(max_iter=epochs, tol=None)))
+        add("est_lr_default", "ours GPULogisticRegression() defaults (fit)", "lbfgs",
+            ("estimators", "defaults"), fit_of(lambda: GPULogisticRegression(device=dev)))
+        add("est_fm_default", "ours GPUFactorizationMachine() defaults (fit)", "FM-fit",
+            ("estimators", "defaults"),
+            fit_of(lambda: GPUFactorizationMachine(random_state=0, device=dev)))
+        add("torch_lr", "PyTorch EmbeddingBag LR", "LR", ("torch",),
+            lambda: run_torch(ctx, data, k=0, epochs=epochs))
+        add("torch_fm", f"PyTorch FM{k}", "FM", ("torch",),
+            lambda: run_torch(ctx, data, k=k, epochs=epochs))
+        add("cusparse_lr", "CuPy cuSPARSE LR (GPU)", "LR", ("cusparse",),
+            lambda: run_cusparse(ctx, data, k=0))
+        if not real:
+            add("cusparse_fm", f"CuPy cuSPARSE FM{k} (GPU)", "FM", ("cusparse",),
+                lambda: run_cusparse(ctx, data, k=k))
+    else:
+        def fm_reg(**kw):
+            return lambda: GPUFactorizationMachineRegressor(
+                n_factors=k, learning_rate=REG_LEARNING_RATE, alpha=fa, beta=fb, **mb, **kw)
+
+        add("ours_fm_reg", f"ours FM{k} squared (epochs, concurrency=max)", "FM",
+            ("kernel", "regression"), epochs_of(fm_reg(concurrency="max")))
+        add("est_fm_reg", f"ours GPUFactorizationMachineRegressor k={k} (fit)", "FM-fit",
+            ("estimators", "regression"), fit_of(fm_reg(max_iter=epochs, tol=None)))
+        add("est_fm_reg_default", "ours GPUFactorizationMachineRegressor() defaults (fit)",
+            "FM-fit", ("estimators", "regression", "defaults"),
+            fit_of(lambda: GPUFactorizationMachineRegressor(random_state=0, device=dev)))
+    return out
+
+
+# --------------------------------------------------------------------------
+# scikit-learn (CPU; in worker processes beside the GPU work, or here)
+# --------------------------------------------------------------------------
+SK_LABELS = {"sk_lr": ("sklearn LogisticRegression lbfgs (CPU)", "lbfgs"),
+             "sk_sgd": ("sklearn SGDClassifier log_loss (CPU)", "LR"),
+             "sk_ridge": ("sklearn Ridge (CPU)", "reg-fit")}
+
+
+def sklearn_specs(data, *, epochs, sk_rows, sgd_rows):
+    """``{id: (rows, spec)}``: the scikit-learn fits of a dataset."""
+    def part(rows):
+        rows = min(data.n, rows)
+        return rows, dict(X=csr_rows(data.X, 0, rows), y=data.y[:rows], Xt=data.Xt,
+                          yt=data.yt, C=C_LR, seed=0)
+
+    if data.task != "binary":
+        rows, base = part(sk_rows)
+        return {"sk_ridge": (rows, dict(base, kind="ridge", alpha=RIDGE_ALPHA))}
+    (r1, b1), (r2, b2) = part(sk_rows), part(sgd_rows)
+    return {"sk_lr": (r1, dict(b1, kind="lr", tol=LBFGS_TOL, max_iter=LBFGS_MAX_ITER)),
+            "sk_sgd": (r2, dict(b2, kind="sgd", epochs=epochs))}
+
+
+def sklearn_job(spec):
+    """Fit one scikit-learn model; a plain (picklable) dict back."""
+    warnings.simplefilter("ignore")
+    kind = spec["kind"]
+    X, y, Xt, yt = spec["X"], spec["y"], spec["Xt"], spec["yt"]
+    out = {"rows": int(X.shape[0]), "device": "cpu"}
+    t_start = time.perf_counter()
+    try:
+        if kind == "lr":
+            from sklearn.linear_model import LogisticRegression
+
+            m = LogisticRegression(C=spec["C"], tol=spec["tol"], max_iter=spec["max_iter"])
+            t0 = time.perf_counter()
+            m.fit(X, y)
+            out["fit_s"] = time.perf_counter() - t0
+            out["n_iter"] = int(np.max(m.n_iter_))
+            out.update(metrics("binary", yt, m.decision_function(Xt)))
+            out["curve"] = [dict(epoch=None, time_s=out["fit_s"],
+                                 test_logloss=out["test_logloss"], test_auc=out["test_auc"])]
+            out["coef"] = np.asarray(m.coef_, dtype=np.float64).ravel()
+        elif kind == "sgd":
+            from sklearn.linear_model import SGDClassifier
+
+            m = SGDClassifier(loss="log_loss", alpha=1.0 / (spec["C"] * X.shape[0]),
+                              tol=None, random_state=spec["seed"])
+            curve, times, total = [], [], 0.0
+            for ep in range(spec["epochs"]):
+                t0 = time.perf_counter()
+                m.partial_fit(X, y, classes=np.array([0, 1]))
+                dt = time.perf_counter() - t0
+                times.append(dt * 1e3)
+                total += dt
+                curve.append(dict(epoch=ep + 1, time_s=total,
+                                  **metrics("binary", yt, m.decision_function(Xt))))
+            epoch_summary(out, times)
+            out["fit_s"] = total
+            out["curve"] = curve
+            out.update({k: v for k, v in curve[-1].items() if k.startswith("test_")})
+        elif kind == "ridge":
+            from sklearn.linear_model import Ridge
+
+            m = Ridge(alpha=spec["alpha"])
+            t0 = time.perf_counter()
+            m.fit(X, y)
+            out["fit_s"] = time.perf_counter() - t0
+            out.update(metrics("regression", yt, m.predict(Xt)))
+        else:
+            raise ValueError(f"unknown scikit-learn job {kind!r}")
+    except Exception as exc:
+        out["error"] = err_text(exc)
+        out["traceback"] = traceback.format_exc()[-2000:]
+    out["wall_s"] = time.perf_counter() - t_start
+    return out
+
+
+class Jobs:
+    """scikit-learn fits: at once (``workers=0``) or in spawned worker
+    processes (no GPU state inherited) while the GPU parts run."""
+
+    def __init__(self, workers):
+        self.pool = None
+        self.error = None
+        self.cache = {}
+        if workers > 0:
+            try:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+
+                self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+            except Exception as exc:  # run them here instead
+                self.error = err_text(exc)
+
+    def submit(self, spec, key=None):
+        """Start a fit; fits with the same ``key`` (the same rows) run once."""
+        if key is not None and key in self.cache:
+            return self.cache[key]
+        handle = None
+        if self.pool is not None:
+            try:
+                handle = ("future", self.pool.submit(sklearn_job, spec), spec)
+            except Exception as exc:
+                self.error = err_text(exc)
+        if handle is None:
+            handle = ("done", sklearn_job(spec), None)
+        if key is not None:
+            self.cache[key] = handle
+        return handle
+
+    def result(self, handle, timeout):
+        kind, v, spec = handle
+        if kind == "done":
+            return dict(v)
+        try:
+            return dict(v.result(timeout=max(timeout, 0.0)))
+        except Exception as exc:
+            if type(exc).__name__ == "TimeoutError":
+                return {"error": f"did not finish within the time budget ({err_text(exc)})"}
+            out = sklearn_job(spec)  # a broken worker: run it here
+            out["note"] = f"worker process failed ({err_text(exc)}); ran in the main process"
+            return out
+
+    def close(self, kill=False):
+        if self.pool is None:
+            return
+        if kill:  # end this run's worker processes, one by one
+            for p in list(getattr(self.pool, "_processes", {}).values()):
+                try:
+                    p.terminate()
+                except Exception:
+                    pass
+        self.pool.shutdown(wait=not kill, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------
+# PyTorch
+# --------------------------------------------------------------------------
+class TorchWide:
+    """LR (``EmbeddingBag``, sum, per-sample weights) or FM (``Embedding``
+    per row, fixed-length rows as the usual PyTorch FMs have), sparse
+    gradients, sparse Adagrad or SparseAdam (the hand-written model users
+    have today)."""
+
+    def __init__(self, n_features, *, n_factors=0, nnz_row=None, optimizer="adagrad",
+                 lr=LEARNING_RATE, init_scale=INIT_SCALE, seed=0, device="cuda"):
+        import torch
+
+        self.torch = torch
+        self.dev = torch.device(device)
+        torch.manual_seed(seed)
+        self.k = n_factors
+        self.nnz_row = nnz_row
+        if n_factors:
+            self.V = torch.nn.Embedding(n_features, n_factors, sparse=True).to(self.dev)
+            torch.nn.init.normal_(self.V.weight, std=init_scale)
+            self.lin = torch.nn.Embedding(n_features, 1, sparse=True).to(self.dev)
+            torch.nn.init.zeros_(self.lin.weight)
+            sparse = [self.V.weight, self.lin.weight]
+        else:
+            self.emb = torch.nn.EmbeddingBag(n_features, 1, mode="sum",
+                                             sparse=True).to(self.dev)
+            torch.nn.init.zeros_(self.emb.weight)
+            sparse = [self.emb.weight]
+        self.bias = torch.zeros(1, device=self.dev, requires_grad=True)
+        if optimizer == "adagrad":
+            self.opts = [torch.optim.Adagrad(sparse, lr=lr),
+                         torch.optim.Adagrad([self.bias], lr=lr)]
+        elif optimizer == "adam":
+            self.opts = [torch.optim.SparseAdam(sparse, lr=lr),
+                         torch.optim.Adam([self.bias], lr=lr)]
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}")
+        self.loss = torch.nn.BCEWithLogitsLoss()
+
+    def sync(self):
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def put(self, X, y=None):
+        t = self.torch
+        out = (t.as_tensor(X.indptr.astype(np.int64), device=self.dev),
+               t.as_tensor(X.indices.astype(np.int64), device=self.dev),
+               t.as_tensor(X.data.astype(np.float32), device=self.dev))
+        if y is not None:
+            out = out + (t.as_tensor(np.asarray(y, dtype=np.float32), device=self.dev),)
+        return out
+
+    def _forward(self, indptr, indices, data, a, b):
+        s, e = indptr[a], indptr[b]
+        idx, x = indices[s:e], data[s:e]
+        if self.k:
+            n = b - a
+            idx = idx.view(n, self.nnz_row)
+            x = x.view(n, self.nnz_row)
+            emb = self.V(idx) * x.unsqueeze(-1)
+            ssum = emb.sum(1)
+            q = (emb * emb).sum(1)
+            lin = (self.lin(idx).squeeze(-1) * x).sum(1)
+            return self.bias + lin + 0.5 * (ssum * ssum - q).sum(1)
+        return self.emb(idx, indptr[a:b] - s, per_sample_weights=x).squeeze(1) + self.bias
+
+    def epoch(self, data, batch_size, order):
+        indptr, indices, vals, y = data
+        n = indptr.numel() - 1
+        for bi in order:
+            a = int(bi) * batch_size
+            b = min(n, a + batch_size)
+            loss = self.loss(self._forward(indptr, indices, vals, a, b), y[a:b])
+            for o in self.opts:
+                o.zero_grad()
+            loss.backward()
+            for o in self.opts:
+                o.step()
+
+    def decision(self, data, batch_size=1 << 16):
+        indptr, indices, vals = data[:3]
+        n = indptr.numel() - 1
+        with self.torch.no_grad():
+            outs = [self._forward(indptr, indices, vals, a, min(n, a + batch_size))
+                    for a in range(0, n, batch_size)]
+        return self.torch.cat(outs).float().cpu().numpy()
+
+
+def _torch_once(ctx, data, *, k, epochs, optimizer, batch_size, lr, device, nnz_row):
+    import torch
+
+    def model():
+        return TorchWide(data.d, n_factors=k, nnz_row=nnz_row, optimizer=optimizer, lr=lr,
+                         device=device)
+
+    # a warm-up on a few rows first (CUDA context, kernels)
+    w = data.rows(WARM_ROWS)
+    m = model()
+    m.epoch(m.put(w.X, w.y), batch_size, range(-(-w.n // batch_size)))
+    m.decision(m.put(csr_rows(data.Xt, 0, min(64, data.Xt.shape[0]))))
+    m.sync()
+    del m
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    m = model()
+    train, test = m.put(data.X, data.y), m.put(data.Xt)
+    m.sync()
+    setup = time.perf_counter() - t0
+    nb = -(-data.n // batch_size)
+    rng = np.random.default_rng(0)
+    times, curve, total = [], [], setup
+    for ep in range(epochs):
+        order = rng.permutation(nb)
+        m.sync()
+        t0 = time.perf_counter()
+        m.epoch(train, batch_size, order)
+        m.sync()
+        dt = time.perf_counter() - t0
+        times.append(dt * 1e3)
+        total += dt
+        curve.append({"epoch": ep + 1, "time_s": total,
+                      **metrics(data.task, data.yt, m.decision(test))})
+    rec = {"device": ctx.device_name, "rows": data.n, "epochs": epochs, "setup_s": setup,
+           "optimizer": optimizer, "batch_size": batch_size, "learning_rate": lr,
+           "gpu_peak_bytes": int(torch.cuda.max_memory_allocated()) if device == "cuda"
+           else None, "curve": curve}
+    epoch_summary(rec, times)
+    rec.update({k2: v for k2, v in curve[-1].items() if k2.startswith("test_")})
+    del m, train, test
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rec
+
+
+def run_torch(ctx, data, *, k, epochs):
+    """The PyTorch baseline at the suite's settings (Adagrad, batch 1024,
+    learning rate 0.05), or with ``torch_grid`` set the best test logloss
+    over :data:`~benchmarks.configs.TORCH_GRID`."""
+    ctx.check_budget()
+    try:
+        import torch
+    except ImportError as exc:
+        raise NotAvailable(f"torch is not installed ({exc})") from None
+    if data.task != "binary":
+        raise Skipped("the PyTorch baseline is logistic only")
+    lens = np.diff(data.X.indptr)
+    if k and lens.size and lens.min() != lens.max():
+        raise Skipped("the PyTorch FM needs the same number of nonzeros in every row")
+    device = "cuda" if ctx.gpu else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NotAvailable("torch sees no CUDA device")
+    grid = ctx.cfg.get("torch_grid")
+    settings = [("adagrad", BATCH, LEARNING_RATE)]
+    if grid:
+        settings = list(itertools.product(grid["optimizers"], grid["batch_sizes"],
+                                          grid["learning_rates"]))
+    nnz_row = int(lens[0]) if k and lens.size else None
+    best, tried = None, []
+    for optimizer, bs, lr in settings:
+        if tried and ctx.left() <= 0:
+            break  # the budget is spent: the best of what ran
+        rec = _torch_once(ctx, data, k=k, epochs=epochs, optimizer=optimizer, batch_size=bs,
+                          lr=lr, device=device, nnz_row=nnz_row)
+        tried.append({key: rec.get(key) for key in ("optimizer", "batch_size", "learning_rate",
+                                                    "epoch_ms", "test_logloss", "test_auc")})
+        lo = rec.get("test_logloss", math.inf)
+        if best is None or (math.isfinite(lo) and lo < best.get("test_logloss", math.inf)):
+            best = rec
+    if grid:
+        best["grid"] = tried
+        best["note"] = (f"best test logloss of {len(tried)} of {len(settings)} settings "
+                        "(optimizer x batch size x learning rate)")
+    return best
+
+
+# --------------------------------------------------------------------------
+# CuPy cuSPARSE
+# --------------------------------------------------------------------------
+class CusparseWide:
+    """Mini-batch Adagrad with cuSPARSE products and dense model updates."""
+
+    def __init__(self, X, y, batch_size, n_factors=0, lr=LEARNING_RATE,
+                 init_scale=INIT_SCALE, seed=0):
+        import cupy as cp
+        import cupyx.scipy.sparse as cpsp
+
+        self.cp = cp
+        d = X.shape[1]
+        self.k = n_factors
+        self.batches = []
+        for a in range(0, X.shape[0], batch_size):
+            Xb = cpsp.csr_matrix(X[a : a + batch_size])
+            Xb2 = Xb.multiply(Xb).tocsr() if n_factors else None
+            self.batches.append((Xb, Xb2, cp.asarray(y[a : a + batch_size], dtype=cp.float32)))
+        self.w = cp.zeros(d, dtype=cp.float32)
+        self.Gw = cp.zeros(d, dtype=cp.float32)
+        self.b = cp.zeros(1, dtype=cp.float32)
+        self.Gb = cp.zeros(1, dtype=cp.float32)
+        if n_factors:
+            rs = cp.random.RandomState(seed)
+            self.V = (rs.standard_normal((d, n_factors)) * init_scale).astype(cp.float32)
+            self.GV = cp.zeros_like(self.V)
+        self.lr = lr
+
+    def _ada(self, p, G, g):
+        G += g * g
+        p -= self.lr * g / (self.cp.sqrt(G) + 1e-7)
+
+    def step(self, i):
+        cp = self.cp
+        Xb, Xb2, yb = self.batches[i]
+        z = Xb @ self.w + self.b
+        if self.k:
+            S = Xb @ self.V
+            Q = Xb2 @ (self.V * self.V)
+            z = z + 0.5 * (S * S - Q).sum(1)
+        e = (1 / (1 + cp.exp(-z)) - yb) / yb.size
+        self._ada(self.w, self.Gw, Xb.T @ e)
+        self._ada(self.b, self.Gb, e.sum(keepdims=True))
+        if self.k:
+            gV = Xb.T @ (e[:, None] * S) - self.V * (Xb2.T @ e)[:, None]
+            self._ada(self.V, self.GV, gV)
+
+    def epoch(self, order):
+        for i in order:
+            self.step(int(i))
+
+
+def run_cusparse(ctx, data, *, k):
+    """Timed over at most ``cusparse_batches`` mini-batches, scaled to an epoch."""
+    ctx.check_budget()
+    if not ctx.gpu:
+        raise NotAvailable("the cuSPARSE baseline runs on the GPU only")
+    if data.task != "binary":
+        raise Skipped("the cuSPARSE baseline is logistic only")
+    nb = -(-data.n // BATCH)
+    used = min(nb, int(ctx.cfg["cusparse_batches"]))
+    rows = min(data.n, used * BATCH)
+    tok = ctx.mem_begin()
+    m = CusparseWide(csr_rows(data.X, 0, rows), data.y[:rows], BATCH, n_factors=k)
+    m.epoch(range(min(20, used)))  # warm-up (cuSPARSE handles, kernels)
+    order = np.random.default_rng(0).permutation(used)
+    ctx.sync()
+    t0 = time.perf_counter()
+    m.epoch(order)
+    ctx.sync()
+    dt = time.perf_counter() - t0
+    return {"device": ctx.device_name, "rows": data.n, "batches_timed": used,
+            "batches_per_epoch": nb,
+            "epoch_ms": dt * 1e3 * nb / used, "gpu_peak_bytes": ctx.mem_peak(tok),
+            "note": f"timed over {used} of {nb} mini-batches, scaled to an epoch"}
+
+
+# --------------------------------------------------------------------------
+# floors
+# --------------------------------------------------------------------------
+def _event_ms(fn, repeat, warmup=2):
+    """Median milliseconds of device time of ``fn()`` (CUDA events)."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeat):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(cp.cuda.get_elapsed_time(a, b))
+    return float(np.median(out))
+
+
+def copy_bandwidth(nbytes=2 << 30):
+    """Device-to-device copy rate, bytes read + written per second."""
+    import cupy as cp
+
+    src = cp.ones(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    ms = _event_ms(lambda: dst.__setitem__(Ellipsis, src), repeat=12)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def h2d_bandwidth(nbytes=1 << 30):
+    """Pinned host -> device copy rate, bytes per second."""
+    import cupy as cp
+
+    mem = cp.cuda.alloc_pinned_memory(nbytes)
+    host = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+    host[:] = 1
+    dev = cp.empty(nbytes, dtype=cp.uint8)
+    return nbytes / (_event_ms(lambda: dev.set(host), repeat=5) * 1e-3)
+
+
+def host_copy_bandwidth(nbytes):
+    """numpy copy rate on this host, bytes read + written per second."""
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    b = np.empty_like(a)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t0)
+    return 2 * a.nbytes / float(np.median(times))
+
+
+def floors(ctx):
+    if ctx.gpu:
+        out = {"kind": "device", "copy_bw": float(copy_bandwidth())}
+        h2d = guarded("h2d", lambda: {"v": h2d_bandwidth()})
+        out["h2d_bw"] = float(h2d.get("v", math.nan))
+    else:
+        out = {"kind": "host (numpy copy; no device)", "h2d_bw": None,
+               "copy_bw": host_copy_bandwidth(16 << 20 if ctx.cfg["smoke"] else 256 << 20)}
+    log(f"  copy {out['copy_bw'] / 1e9:.1f} GB/s (read+write)"
+        + (f", pinned host->device {out['h2d_bw'] / 1e9:.1f} GB/s" if out.get("h2d_bw") else ""))
+    return out

@@ -1,0 +1,215 @@
+"""Per-epoch timings of a mini-batch fit: the benchmarks' one hook into the package.
+
+Package-internal (not public API): ``benchmarks/`` uses it for kernel-level
+timings and for the paper-style ablation; everything else there goes through
+the public estimators.
+
+:func:`time_epochs` runs the estimator's own mini-batch code (its input
+checks, parameters, layout, initial state, concurrency and device) with the
+backend wrapped in a probe that times each call of ``run_epoch`` and
+evaluates the model after it.  The probe is an object handed to the
+estimator's training method in place of the backend module: nothing of the
+package is patched.
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import clone
+
+__all__ = ["EpochTimings", "time_epochs", "VARIANTS"]
+
+#: ``"flow"`` is the estimators' kernel; the others are the ablation (GPU only)
+VARIANTS = ("flow", "classic", "no_hot_cache", "no_replicas", "global_accumulators")
+
+
+@dataclass
+class EpochTimings:
+    epoch_s: list       # device time of each epoch's training (CUDA events around the epoch's launches on the GPU; wall clock on the CPU)
+    loss: list          # mean training loss of each epoch, as fit() reports in loss_curve_
+    eval_decision: list # per epoch, the decision values (numpy, shape (n_eval,) or (n_eval, n_outputs)) of eval_X after that epoch; [] when eval_X is None
+    setup_s: float      # wall clock from the call to the first epoch (validation, layout build, upload, initial state)
+    workers: int        # concurrent mini-batches of the epochs (1 on the CPU)
+    n_hot: int          # hot features of the layout
+
+
+def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sample_weight=None) -> EpochTimings:
+    """Train a mini-batch estimator's model for `epochs` epochs exactly as its fit() would (same input checks, layout, initial state, step parameters, concurrency, device), timing each epoch.
+    estimator: an unfitted GPULogisticRegression (solver "sgd" or "adagrad"), GPUFactorizationMachine or GPUFactorizationMachineRegressor; its parameters define the model; it is not modified.
+    variant: "flow" (the estimators' kernel), or a paper-style ablation (GPU only): "classic" (the per-sample classic schema), "no_hot_cache" (n_hot = 0), "no_replicas" (one replica of the hot accumulators), "global_accumulators" (per-sample accumulators in global memory). A variant other than "flow" on the CPU backend raises ValueError.
+
+    Exactly ``epochs`` epochs run on all rows: ``tol`` and early stopping
+    are not applied (fit with ``tol=None, early_stopping=False`` trains the
+    same model), and ``warm_start`` is ignored.  The first epoch holds the
+    concurrency warm-up of a fresh model and, when the layout streams in,
+    its upload.  The training kernels are compiled before the first epoch
+    (not timed), the evaluation of ``eval_X`` runs outside the timed span.
+    """
+    from ._base import _check_fit_data, _check_predict_data, _fit_device
+    from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
+    from ._logistic import GPULogisticRegression, _class_weighted
+
+    t0 = time.perf_counter()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    kinds = (GPULogisticRegression, GPUFactorizationMachine, GPUFactorizationMachineRegressor)
+    if not isinstance(estimator, kinds):
+        raise TypeError(f"time_epochs takes one of {[k.__name__ for k in kinds]}, "
+                        f"got {type(estimator).__name__}")
+    est = clone(estimator)
+    est._validate_params()
+    if getattr(est, "solver", None) == "lbfgs":
+        raise ValueError("time_epochs needs a mini-batch solver ('sgd' or 'adagrad'), "
+                         "got solver='lbfgs'")
+    # tol=None and no early stopping: the drivers run exactly max_iter epochs
+    est.set_params(max_iter=int(epochs), early_stopping=False, warm_start=False, tol=None)
+    device_, backend = _fit_device(est.device, X)
+    if backend.name == "cpu" and variant != "flow":
+        raise ValueError(f"variant {variant!r} needs the CUDA backend (this fit runs on "
+                         f"{device_})")
+    regressor = isinstance(est, GPUFactorizationMachineRegressor)
+    X, y, sw = _check_fit_data(est, X, y, sample_weight, reset=True, y_numeric=regressor,
+                               backend=backend)
+    if eval_X is not None:
+        eval_X = _check_predict_data(est, eval_X)  # on the host; n_features checked
+    probe = _Probe(backend, variant, eval_X, t0)
+    est.device_ = device_
+    if isinstance(est, GPULogisticRegression):
+        C, l1_ratio = est._regularization()
+        classes, y_idx = est._fit_classes(y)
+        sw = _class_weighted(est.class_weight, classes, y, sw)
+        est.classes_ = classes
+        est._fit_minibatch(X, y_idx, sw, C, l1_ratio, probe, None, max_iter=est.max_iter,
+                           partial=False)
+    else:
+        if regressor:
+            targets, stratify = [y], None
+        else:
+            est.classes_, stratify = est._fit_classes(y)
+            targets = est._targets(stratify)
+        results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
+                                 max_iter=est.max_iter, partial=False)
+        est._store(results, partial=False)
+    return probe.timings(list(est.loss_curve_))
+
+
+class _Probe:
+    """The backend module, with ``run_epoch`` timed and followed by an
+    evaluation, and the ablation's switches applied; every other attribute
+    is the backend's own."""
+
+    def __init__(self, backend, variant, eval_X, t0):
+        self._be = backend
+        self._variant = variant
+        self._eval_X = eval_X
+        self._t0 = t0
+        self._X = None  # the training CSR (the classic schema trains from it)
+        self._Xc = self._Xe = None
+        self._layout = None
+        self._ready = False
+        self._heads = []  # per model trained (one-vs-rest: per class): [(s, Z), ...]
+        self.setup_s = None
+        self.workers = 1
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)
+
+    def tile_shape(self, *args):
+        sb, n_hot = self._be.tile_shape(*args)
+        return (sb, 0) if self._variant == "no_hot_cache" else (sb, n_hot)
+
+    def build_layout(self, X, **kw):
+        self._X = X if self._variant == "classic" else None
+        self._layout = self._be.build_layout(X, **kw)
+        return self._layout
+
+    def put_state(self, state):
+        self._heads.append([])  # a new model starts its epochs
+        return self._be.put_state(state)
+
+    def run_epoch(self, dl, y, sw, batch_weight, state, params, batch_order, **opts):
+        be = self._be
+        if not self._ready:
+            be.synchronize()
+            self.setup_s = time.perf_counter() - self._t0
+            self._prepare(y, sw, state, params)
+        self.workers = int(opts.get("grid") or 1)
+        if self._variant == "no_replicas":
+            opts["n_rep"] = 1
+        elif self._variant == "global_accumulators":
+            opts["acc_global"] = True
+
+        def epoch():
+            if self._variant == "classic":
+                return be.run_epoch_classic(self._Xc, y, sw, state, params,
+                                            self._rows_of(batch_order))
+            return be.run_epoch(dl, y, sw, batch_weight, state, params, batch_order, **opts)
+
+        if be.name == "cpu":
+            t = time.perf_counter()
+            lsum = epoch()
+            seconds = time.perf_counter() - t
+        else:
+            import cupy as cp
+
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            lsum = epoch()
+            stop.record()
+            stop.synchronize()
+            seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3
+        Z = None
+        if self._Xe is not None:
+            Z = be.decision_function(self._Xe, state.w, state.b, state.V,
+                                     fit_linear=params.fit_linear)
+            Z = np.asarray(be.to_host(Z), dtype=np.float64)
+        self._heads[-1].append((seconds, Z))
+        return lsum
+
+    def _prepare(self, y, sw, state, params):
+        """Once, before the first epoch (not timed): the evaluation matrix in
+        the layout's feature order, the classic schema's CSR in the layout's
+        row and feature order, and every training kernel an epoch may
+        launch compiled (the ramp of the first epoch uses each cluster size)."""
+        import scipy.sparse as sp
+
+        be, L = self._be, self._layout
+        if self._eval_X is not None:
+            self._Xe = be.put_csr(sp.csr_matrix(self._eval_X)[:, L.feature_order])
+        if self._variant == "classic":
+            X = self._X
+            if type(X).__module__.startswith("cupyx"):  # the user's device matrix
+                X = X.get()
+            Xc = X.tocsr()[L.row_order]
+            Xc.indices = np.asarray(L.feature_rank)[Xc.indices].astype(np.int32)
+            Xc.sort_indices()
+            self._Xc = be.put_csr(Xc, dtype=np.float32)
+            srp, bsp = np.asarray(L.sblock_row_ptr), np.asarray(L.batch_sblock_ptr)
+            self._batch_rows = (srp[bsp[:-1]], srp[bsp[1:]])
+            # compiled by a launch over no rows (it changes nothing)
+            be.run_epoch_classic(self._Xc, y, sw, state, params, np.empty(0, np.int32))
+        elif be.name != "cpu":
+            k = 0 if state.V is None else int(state.V.shape[1])
+            for cl in be.cluster_sizes():
+                be.train_kernel(params, state.n_outputs, k, cl,
+                                acc_global=self._variant == "global_accumulators")
+        self._ready = True
+
+    def _rows_of(self, batch_order):
+        """Layout rows of the mini-batches in ``batch_order``: the classic
+        schema visits the samples in the order the flow kernel would."""
+        a, b = self._batch_rows
+        return np.concatenate([np.arange(a[i], b[i]) for i in batch_order])
+
+    def timings(self, loss):
+        n = min((len(h) for h in self._heads), default=0)
+        epoch_s = [float(sum(h[e][0] for h in self._heads)) for e in range(n)]
+        decisions = []
+        if self._eval_X is not None:
+            for e in range(n):
+                Z = np.hstack([h[e][1] for h in self._heads])
+                decisions.append(Z[:, 0] if Z.shape[1] == 1 else Z)
+        return EpochTimings(epoch_s=epoch_s, loss=loss, eval_decision=decisions,
+                            setup_s=float(self.setup_s or 0.0), workers=self.workers,
+                            n_hot=int(self._layout.n_hot) if self._layout is not None else 0)
