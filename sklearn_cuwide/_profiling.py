@@ -46,6 +46,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sampl
     its upload.  The training kernels are compiled before the first epoch
     (not timed), the evaluation of ``eval_X`` runs outside the timed span.
     """
+    from ._backends import get_backend
     from ._base import _check_fit_data, _check_predict_data, _fit_device
     from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
     from ._logistic import GPULogisticRegression, _class_weighted
@@ -72,7 +73,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sampl
     X, y, sw = _check_fit_data(est, X, y, sample_weight, reset=True, y_numeric=regressor,
                                backend=backend)
     if eval_X is not None:
-        eval_X = _check_predict_data(est, eval_X)  # on the host; n_features checked
+        eval_X = _check_predict_data(est, eval_X, get_backend("cpu"))  # on the host; n_features checked
     probe = _Probe(backend, variant, eval_X, t0)
     est.device_ = device_
     if isinstance(est, GPULogisticRegression):
@@ -80,8 +81,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sampl
         classes, y_idx = est._fit_classes(y)
         sw = _class_weighted(est.class_weight, classes, y, sw)
         est.classes_ = classes
-        est._fit_minibatch(X, y_idx, sw, C, l1_ratio, probe, None, max_iter=est.max_iter,
-                           partial=False)
+        est._fit_minibatch(X, y_idx, sw, C, l1_ratio, probe, None, partial=False)
     else:
         if regressor:
             targets, stratify = [y], None
@@ -89,7 +89,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sampl
             est.classes_, stratify = est._fit_classes(y)
             targets = est._targets(stratify)
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
-                                 max_iter=est.max_iter, partial=False)
+                                 partial=False)
         est._store(results, partial=False)
     return probe.timings(list(est.loss_curve_))
 
@@ -134,7 +134,7 @@ class _Probe:
             be.synchronize()
             self.setup_s = time.perf_counter() - self._t0
             self._prepare(y, sw, state, params)
-        self.workers = int(opts.get("grid") or 1)
+        self.workers = int(opts.get("workers") or 1)
         if self._variant == "no_replicas":
             opts["n_rep"] = 1
         elif self._variant == "global_accumulators":

@@ -194,8 +194,6 @@ def test_torch_baselines_on_the_cpu():
 def test_benchmarks_use_only_the_public_api_and_the_hook():
     private = re.compile(r"sklearn_cuwide\._(?!profiling\b)\w+|from \._|monkeypatch")
     for path in sorted((ROOT / "benchmarks").glob("*.py")):
-        if path.name == "layout_overlap.py":  # goes with tests/test_gpu_layout_overlap.py's
-            continue
         text = path.read_text()
         assert not private.search(text), (path.name, private.search(text).group(0))
 

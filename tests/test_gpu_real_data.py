@@ -8,8 +8,6 @@ counts that are not powers of two.
 """
 
 import pickle
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +16,7 @@ from sklearn.base import clone
 from sklearn_cuwide import GPUFactorizationMachine, GPULogisticRegression
 from sklearn_cuwide._device import cuda_device_count
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import real_data  # noqa: E402
+from benchmarks import data as real_data  # noqa: E402
 
 HAS_GPU = cuda_device_count() > 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")]

@@ -1,4 +1,4 @@
-"""Tests of the real-data loaders in ``benchmarks/real_data.py``.
+"""Tests of the real-data loaders in ``benchmarks/data.py``.
 
 Two parts: the parsers on tiny files written here in each format (always
 run, checked against straightforward per-row reference parsers), and every
@@ -8,7 +8,6 @@ sane score.
 """
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,7 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.metrics import mean_squared_error, roc_auc_score
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import real_data  # noqa: E402
+from benchmarks import data as real_data  # noqa: E402
 
 DATA = real_data.data_dir()
 AVAILABLE = set(real_data.available_datasets())
