@@ -50,9 +50,10 @@ using namespace cuwide;
 
 // One launch of the training kernel, passed by value (kernel parameters live
 // in the constant bank, as separate ones would).  The CUDA backend builds it
-// as a numpy structured scalar with the same field order, offsets and size
-// (sklearn_cuwide/_backends/_tiles.py, TRAIN_ARGS; tests/test_cuda_sources.py
-// checks the two agree).  Arrays are in layout order (sklearn_cuwide/_layout.py).
+// as a one-element numpy array of a structured dtype with the same field
+// order, offsets and size (sklearn_cuwide/_backends/_tiles.py, TRAIN_ARGS;
+// tests/test_cuda_sources.py checks the two agree).  Arrays are in layout
+// order (sklearn_cuwide/_layout.py).
 // The small read-only arrays (mini-batch and tile bounds, labels, weights,
 // scales) are read through the read-only data path (__ldg); the nonzeros
 // with plain loads, and with streaming ones at their last read (last_read).
@@ -64,8 +65,10 @@ struct TrainArgs {
   const float* val;                   // per nonzero: value
   const long long* tile_ptr;          // sample block g: hot tile [tile_ptr[2g], tile_ptr[2g+1]),
                                       // cold tile [tile_ptr[2g+1], tile_ptr[2g+2])
-  const long long* sblock_row_ptr;    // sample block g: rows [sblock_row_ptr[g], [g+1])
-  const long long* batch_sblock_ptr;  // mini-batch t: sample blocks [batch_sblock_ptr[t], [t+1])
+  const long long* sblock_row_ptr;    // sample block g: rows
+                                      // [sblock_row_ptr[g], sblock_row_ptr[g+1])
+  const long long* batch_sblock_ptr;  // mini-batch t: sample blocks
+                                      // [batch_sblock_ptr[t], batch_sblock_ptr[t+1])
   const float* y;                     // per row: label (the class index for multinomial)
   const float* sw;                    // per row: sample weight
   const float* batch_w;               // per mini-batch: sum of sample weights (0: skipped)
@@ -92,7 +95,7 @@ struct TrainArgs {
   int gstride;          // floats from one feature's sums in gw to the next's
   int pstride;          // floats from one feature's penalty factor to the next's
   float lr;             // learning rate
-  float l2w;            // L2 penalty of w (and of b: none)
+  float l2w;            // L2 penalty of w (b is not penalized)
   float l2v;            // L2 penalty of V
   float l1;             // L1 penalty of w (proximal step)
   float eps;            // Adagrad's epsilon
@@ -926,15 +929,15 @@ template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>(const T
 // ablation
 template __global__ void cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, NO_REPLICAS>(
     const TrainArgs, float*);
-template __global__ void cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(
-    const TrainArgs, float*);
+template __global__ void
+cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(const TrainArgs, float*);
 template __global__ void cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, NO_REPLICAS>(
     const TrainArgs, float*);
-template __global__ void cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(
-    const TrainArgs, float*);
+template __global__ void
+cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(const TrainArgs, float*);
 template __global__ void
 cuwide_train_ablation_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, GLOBAL_ACCUMULATORS>(
     const TrainArgs, float*);
-template __global__ void cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>(
-    const TrainArgs, float*);
+template __global__ void
+cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>(const TrainArgs, float*);
 #endif
