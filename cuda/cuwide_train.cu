@@ -48,60 +48,28 @@
 
 using namespace cuwide;
 
-// One launch of the training kernel, passed by value (kernel parameters live
-// in the constant bank, as separate ones would).  The CUDA backend builds it
-// as a one-element numpy array of a structured dtype with the same field
-// order, offsets and size (sklearn_cuwide/_backends/_tiles.py, TRAIN_ARGS;
-// tests/test_cuda_sources.py checks the two agree).  Arrays are in layout
-// order (sklearn_cuwide/_layout.py).
-// The small read-only arrays (mini-batch and tile bounds, labels, weights,
-// scales) are read through the read-only data path (__ldg); the nonzeros
-// with plain loads, and with streaming ones at their last read (last_read).
+// The scalar arguments of one launch of the training kernel, passed by value
+// (kernel parameters live in the constant bank, as separate ones would).  The
+// CUDA backend builds it as a one-element numpy array of a structured dtype
+// with the same field order, offsets and size (sklearn_cuwide/_backends/
+// _tiles.py, STEP_ARGS; tests/test_cuda_sources.py checks the two agree).
 namespace cuwide {
-struct TrainArgs {
-  // ---- the layout (read-only) ----
-  const int* feat;                    // per nonzero: feature id (sorted within a tile)
-  const unsigned short* row;          // per nonzero: row within its sample block
-  const float* val;                   // per nonzero: value
-  const long long* tile_ptr;          // sample block g: hot tile [tile_ptr[2g], tile_ptr[2g+1]),
-                                      // cold tile [tile_ptr[2g+1], tile_ptr[2g+2])
-  const long long* sblock_row_ptr;    // sample block g: rows
-                                      // [sblock_row_ptr[g], sblock_row_ptr[g+1])
-  const long long* batch_sblock_ptr;  // mini-batch t: sample blocks
-                                      // [batch_sblock_ptr[t], batch_sblock_ptr[t+1])
-  const float* y;                     // per row: label (the class index for multinomial)
-  const float* sw;                    // per row: sample weight
-  const float* batch_w;               // per mini-batch: sum of sample weights (0: skipped)
-  // ---- this launch's work ----
-  const int* order;   // the mini-batches to train, in the order they are taken (read-only)
-  int* work_counter;  // next position in order, taken atomically by the workers;
-                      // null: worker q takes positions q, q + P, q + 2P, ...
-  // ---- the model and its Adagrad sums (updated in place) ----
-  float* w;   // (n_features, NOUT) linear weights
-  float* V;   // (n_features, NF) factors; null for LR
-  float* b;   // (NOUT,) intercepts
-  float* gw;  // feature f's sums of w at gw[f * gstride + o]; null for sgd
-  float* gV;  // (n_features, NF) sums of V; null for sgd or LR
-  float* gb;  // (NOUT,) sums of b; null for sgd
-  // ---- per-feature factors (read-only) ----
-  const float* fscale;  // step scale of features [0, n_scaled) under concurrency; null: all 1
-  const float* pscale;  // penalty factor of feature f at pscale[f * pstride]; null: all 1
-  double* loss_out;     // += sum over the launch's rows of sample_weight * loss
-  long long nnz_base;   // layout index of feat[0] (a streamed chunk's first nonzero)
-  int n_work;           // length of order
-  int sample_block;     // most rows of a sample block (rows of the per-sample accumulators)
-  int n_hot;            // hot features: ids [0, n_hot), cached in shared memory
-  int n_scaled;         // features with a step scale in fscale
-  int gstride;          // floats from one feature's sums in gw to the next's
-  int pstride;          // floats from one feature's penalty factor to the next's
-  float lr;             // learning rate
-  float l2w;            // L2 penalty of w (b is not penalized)
-  float l2v;            // L2 penalty of V
-  float l1;             // L1 penalty of w (proximal step)
-  float eps;            // Adagrad's epsilon
-  float bscale;         // the intercepts' step scale under concurrency
-  int fit_intercept;    // 0 / 1
-  int fit_linear;       // FM: 0 / 1, train the linear weights
+struct StepArgs {
+  long long nnz_base;  // layout index of feat[0] (a streamed chunk's first nonzero)
+  int n_work;          // mini-batches in order
+  int sample_block;    // most rows of a sample block (rows of the per-sample accumulators)
+  int n_hot;           // hot features: ids [0, n_hot), cached in shared memory
+  int n_scaled;        // features [0, n_scaled) have a step scale in fscale
+  int gstride;         // floats from one feature's Adagrad sums in gw to the next's
+  int pstride;         // floats from one feature's penalty factor in pscale to the next's
+  float lr;            // learning rate
+  float l2w;           // L2 penalty of w (b is not penalized)
+  float l2v;           // L2 penalty of V
+  float l1;            // L1 penalty of w (proximal step)
+  float eps;           // Adagrad's epsilon
+  float bscale;        // the intercepts' step scale under concurrency
+  int fit_intercept;   // 0 / 1
+  int fit_linear;      // FM: 0 / 1, train the linear weights
 };
 
 // The kernel's variants: what the estimators run, and the ablations that
@@ -149,7 +117,7 @@ struct Shape {
 // features of a cap policy are rarely damped)
 __device__ __forceinline__ float step_scale(const float* __restrict__ fscale, int n_scaled,
                                             long long f) {
-  return (fscale && f < n_scaled) ? __ldg(fscale + f) : 1.f;
+  return (fscale && f < n_scaled) ? fscale[f] : 1.f;
 }
 
 template <int LOSS>
@@ -175,7 +143,35 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
 // the time one sample block takes, so fewer workers (less staleness) fill
 // the GPU.
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int VARIANT>
-__device__ __forceinline__ void train_body(const TrainArgs args, float* acc_global) {
+__device__ __forceinline__ void train_body(
+    // the layout, in layout order (sklearn_cuwide/_layout.py)
+    const int* __restrict__ feat,            // per nonzero: feature id (sorted within a tile)
+    const unsigned short* __restrict__ row,  // per nonzero: row within its sample block
+    const float* __restrict__ val,           // per nonzero: value
+    const long long* __restrict__ tile_ptr,  // sample block g: hot nonzeros from tile_ptr[2g],
+                                             // cold from [2g + 1], to [2g + 2]
+    const long long* __restrict__ sblock_row_ptr,    // sample block g: rows from [g] to [g + 1]
+    const long long* __restrict__ batch_sblock_ptr,  // mini-batch t: sample blocks [t] to [t + 1]
+    const float* __restrict__ y,        // per row: label (the class index for multinomial)
+    const float* __restrict__ sw,       // per row: sample weight
+    const float* __restrict__ batch_w,  // per mini-batch: sum of sample weights (0: skipped)
+    // this launch's work
+    const int* __restrict__ order,  // the mini-batches to train, in the order they are taken
+    int* work_counter,              // next position in order, taken atomically by the workers;
+                                    // null: worker q takes positions q, q + P, q + 2P, ...
+    // the model and its Adagrad sums, updated in place
+    float* w,   // (n_features, NOUT) linear weights
+    float* V,   // (n_features, NF) factors; null for LR
+    float* b,   // (NOUT,) intercepts
+    float* gw,  // sums of w, feature f's at gw[f * gstride + o]; null for sgd
+    float* gV,  // (n_features, NF) sums of V; null for sgd or LR
+    float* gb,  // (NOUT,) sums of b; null for sgd
+    // per-feature factors, the loss
+    const float* __restrict__ fscale,  // step scale of features [0, n_scaled); null: all 1
+    const float* __restrict__ pscale,  // penalty factor of f at pscale[f * pstride]; null: all 1
+    double* loss_out,                  // += the launch's sum of sample_weight * loss
+    const StepArgs& args,              // the scalars
+    float* acc_global) {  // GLOBAL_ACCUMULATORS: sample_block * RS floats per block of the grid
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
   // nonzeros a thread (LR) or group of lanes (FM) aggregates at once, their
@@ -187,12 +183,6 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
   // accumulators known to be in shared memory, their atomics compile to
   // shared-memory ones, without a generic atomic's address-space test
   constexpr bool ACCG = VARIANT == GLOBAL_ACCUMULATORS;
-  const int* feat = args.feat;
-  const unsigned short* row = args.row;
-  const float* val = args.val;
-  float *w = args.w, *V = args.V, *b = args.b, *gw = args.gw, *gV = args.gV, *gb = args.gb;
-  const float* fscale = args.fscale;
-  const float* pscale = args.pscale;
   const int sample_block = args.sample_block, n_hot = args.n_hot, n_scaled = args.n_scaled;
   const int gstride = args.gstride, pstride = args.pstride;
   const float lr = args.lr, l2w = args.l2w, l2v = args.l2v, l1 = args.l1, eps = args.eps;
@@ -236,17 +226,17 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
 
   for (;;) {
     int item;
-    if (args.work_counter && CL > 1) {
+    if (work_counter && CL > 1) {
       // the cluster's first block takes the item; two slots, so that it
       // never overwrites one a peer has not read yet (a cluster barrier
       // lies between a slot's read and its next write)
       __syncthreads();
-      if (crank == 0 && tid == 0) s_item[step & 1] = atomicAdd(args.work_counter, 1);
+      if (crank == 0 && tid == 0) s_item[step & 1] = atomicAdd(work_counter, 1);
       cluster_sync();
       item = *cluster_map(&s_item[step & 1], 0u);
-    } else if (args.work_counter) {
+    } else if (work_counter) {
       __syncthreads();
-      if (tid == 0) s_item[0] = atomicAdd(args.work_counter, 1);
+      if (tid == 0) s_item[0] = atomicAdd(work_counter, 1);
       __syncthreads();
       item = s_item[0];
     } else {
@@ -254,18 +244,17 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
     }
     ++step;
     if (item >= args.n_work) break;
-    const int bt = __ldg(args.order + item);
-    const float wb = __ldg(args.batch_w + bt);
+    const int bt = order[item];
+    const float wb = batch_w[bt];
     if (!(wb > 0.f)) continue;
     const float inv_wb = 1.f / wb;
 
-    for (long long g = __ldg(args.batch_sblock_ptr + bt); g < __ldg(args.batch_sblock_ptr + bt + 1);
-         ++g) {
-      const long long r0 = __ldg(args.sblock_row_ptr + g);
-      const int m = (int)(__ldg(args.sblock_row_ptr + g + 1) - r0);
-      const long long t0 = __ldg(args.tile_ptr + 2 * g) - args.nnz_base;
-      const long long t1 = __ldg(args.tile_ptr + 2 * g + 1) - args.nnz_base;
-      const long long t2 = __ldg(args.tile_ptr + 2 * g + 2) - args.nnz_base;
+    for (long long g = batch_sblock_ptr[bt]; g < batch_sblock_ptr[bt + 1]; ++g) {
+      const long long r0 = sblock_row_ptr[g];
+      const int m = (int)(sblock_row_ptr[g + 1] - r0);
+      const long long t0 = tile_ptr[2 * g] - args.nnz_base;
+      const long long t1 = tile_ptr[2 * g + 1] - args.nnz_base;
+      const long long t2 = tile_ptr[2 * g + 2] - args.nnz_base;
       // this block's share: nonzeros a0..a1 to aggregate, rows s0..s1 to
       // reduce and take the loss of, hot nonzeros h0..h1 and cold c0..c1 to
       // apply (split at feature boundaries)
@@ -425,8 +414,8 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
         for (int o = 0; o < NOUT; ++o) bsum[o] = 0.f;
         for (int i = s0 + tid; i < s1; i += bd) {
           float* a = acc + i * RS;
-          const float yi = __ldg(args.y + r0 + i);
-          const float si = __ldg(args.sw + r0 + i);
+          const float yi = y[r0 + i];
+          const float si = sw[r0 + i];
           const float scale = si * inv_wb;
           if (MODEL == FM) {
             float s2 = 0.f;
@@ -697,7 +686,7 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
           for (int kk = 0; kk < CU; ++kk) {
             const int f = hf[kk] < 0 ? 0 : hf[kk];
             const bool ok = hf[kk] >= 0;
-            ps[kk] = (ok && pscale) ? __ldg(pscale + (long long)f * pstride) : 1.f;
+            ps[kk] = (ok && pscale) ? pscale[(long long)f * pstride] : 1.f;
 #pragma unroll
             for (int o = 0; o < NOUT; ++o) {
               w_old[kk][o] = (ok && l2w != 0.f) ? w[(long long)f * NOUT + o] : 0.f;
@@ -775,7 +764,7 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
             const int f = feat[p];
             const float sc = step_scale(fscale, n_scaled, f);
             // the feature's penalties (scaled to the full objective's per epoch)
-            const float ps = pscale ? __ldg(pscale + (long long)f * pstride) : 1.f;
+            const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
             const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
             float vk[KPL], gk[KPL], Gk[KPL];
             float gwv = 0.f;
@@ -831,7 +820,7 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
           hgrad[rp * hsize + i] = 0.f;
         }
         const float sc = step_scale(fscale, n_scaled, f);
-        const float ps = pscale ? __ldg(pscale + (long long)f * pstride) : 1.f;
+        const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
         const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
         if (MODEL == FM) {
           if (j < NF) {
@@ -871,7 +860,7 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
   // one double atomic per warp for the loss
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);
-  if (lane == 0 && my_loss != 0.0) atomicAdd(args.loss_out, my_loss);
+  if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
 }
 
 // CL blocks per worker, as a thread block cluster (the grid a multiple of CL;
@@ -882,17 +871,39 @@ __device__ __forceinline__ void train_body(const TrainArgs args, float* acc_glob
 #define CUWIDE_CLUSTER_DIMS(CL)
 #endif
 
+// The kernels take train_body's arrays as __restrict__ kernel parameters
+// (the compiler reads the read-only ones through the read-only data path and
+// keeps their addresses in registers; as struct fields they are neither)
+// and the scalars as one StepArgs.
+
 // ---- what the estimators run (sklearn_cuwide/_backends/_cuda/_train.py) ----
 // 512 threads, 2 blocks per multiprocessor: _tiles.THREADS and BLOCKS_PER_SM
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
-__global__ void __launch_bounds__(512, 2) cuwide_train(const TrainArgs args) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, PRODUCTION>(args, nullptr);
+__global__ void __launch_bounds__(512, 2) cuwide_train(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, PRODUCTION>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, nullptr);
 }
 
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
-__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
-    cuwide_train_cluster(const TrainArgs args) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, PRODUCTION>(args, nullptr);
+__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_cluster(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, PRODUCTION>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, nullptr);
 }
 
 // ---- the benchmarks' ablation (sklearn_cuwide/_backends/_cuda/_ablation.py) ----
@@ -900,44 +911,57 @@ __global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
 // GLOBAL_ACCUMULATORS, sample_block * RS floats per block of the grid
 // (unused otherwise)
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int VARIANT>
-__global__ void __launch_bounds__(512, 2)
-    cuwide_train_ablation(const TrainArgs args, float* acc_global) {
+__global__ void __launch_bounds__(512, 2) cuwide_train_ablation(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args, float* acc_global) {
   static_assert(VARIANT != PRODUCTION, "the production variant is cuwide_train");
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, VARIANT>(args, acc_global);
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, VARIANT>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, acc_global);
 }
 
 template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int VARIANT>
-__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
-    cuwide_train_ablation_cluster(const TrainArgs args, float* acc_global) {
+__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_ablation_cluster(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args, float* acc_global) {
   static_assert(VARIANT != PRODUCTION, "the production variant is cuwide_train_cluster");
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, VARIANT>(args, acc_global);
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, VARIANT>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, acc_global);
 }
 
 #ifdef CUWIDE_NVCC_CHECK
-// explicit instantiations so that `nvcc -DCUWIDE_NVCC_CHECK -c` checks the code
-// production: one block per worker
-template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>(const TrainArgs);
-template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>(const TrainArgs);
-template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>(const TrainArgs);
-template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED>(const TrainArgs);
-// production: a thread block cluster per worker
-template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2>(const TrainArgs);
-template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>(const TrainArgs);
-template __global__ void cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>(const TrainArgs);
-template __global__ void cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4>(const TrainArgs);
-template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>(const TrainArgs);
-// ablation
-template __global__ void cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, NO_REPLICAS>(
-    const TrainArgs, float*);
-template __global__ void
-cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(const TrainArgs, float*);
-template __global__ void cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, NO_REPLICAS>(
-    const TrainArgs, float*);
-template __global__ void
-cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>(const TrainArgs, float*);
-template __global__ void
-cuwide_train_ablation_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, GLOBAL_ACCUMULATORS>(
-    const TrainArgs, float*);
-template __global__ void
-cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>(const TrainArgs, float*);
+// instantiations (their addresses taken) so that `nvcc -DCUWIDE_NVCC_CHECK -c`
+// compiles and checks the kernels that NVRTC otherwise compiles at run time
+extern void* const cuwide_train_check[];
+void* const cuwide_train_check[] = {
+    // production: one block per worker
+    (void*)&cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>,
+    (void*)&cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>,
+    (void*)&cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>,
+    (void*)&cuwide_train<FM, 1, 128, SGD, SQUARED>,
+    // production: a thread block cluster per worker
+    (void*)&cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2>,
+    (void*)&cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>,
+    (void*)&cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>,
+    (void*)&cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4>,
+    (void*)&cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>,
+    // ablation
+    (void*)&cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, NO_REPLICAS>,
+    (void*)&cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, NO_REPLICAS>,
+    (void*)&cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>,
+};
 #endif

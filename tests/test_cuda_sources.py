@@ -2,11 +2,11 @@
 H200 the kernels run on) and for sm_80 (an A100: no thread block clusters,
 so the cluster helpers must compile away there).
 
-Each ``cuda/*.cu`` adds explicit template instantiations when
+Each ``cuda/*.cu`` instantiates its kernel templates when
 ``CUWIDE_NVCC_CHECK`` is defined, so compiling it on its own type-checks the
 kernels that the CUDA backend otherwise compiles at run time through NVRTC.
-The training kernel's argument block, ``cuwide::TrainArgs``, must match the
-numpy dtype the backend builds it with (``_tiles.TRAIN_ARGS``): a generated
+The training kernel's scalar arguments, ``cuwide::StepArgs``, must match the
+numpy dtype the backend builds them with (``_tiles.STEP_ARGS``): a generated
 source static_asserts every field's type and offset and the struct's size,
 and the shared-memory rules the two sides share.
 The tests that run nvcc are skipped where it is not on the PATH.
@@ -78,34 +78,34 @@ def test_train_source_instantiates_the_production_and_ablation_kernels():
     text = (CUDA_DIR / "cuwide_train.cu").read_text()
     check = text[text.index("#ifdef CUWIDE_NVCC_CHECK"):]
     found = {
-        re.sub(r"\s+", " ", m.group(1)).replace("< ", "<")
-        for m in re.finditer(r"template __global__ void\s+(\w+<[^>]*>)", check)
+        re.sub(r"\s+", " ", m.group(1))
+        for m in re.finditer(r"\(void\*\)&(\w+<[^>]*>)", check)
     }
     missing = [k for k in REQUIRED_TRAIN_INSTANTIATIONS if k not in found]
     assert not missing, missing
 
 
 def _layout_check_source():
-    """C++ that static_asserts ``cuwide::TrainArgs`` against
-    ``_tiles.TRAIN_ARGS`` and the kernel's shared-memory rules against
+    """C++ that static_asserts ``cuwide::StepArgs`` against
+    ``_tiles.STEP_ARGS`` and the kernel's shared-memory rules against
     ``_tiles``'s."""
-    dt = _tiles.TRAIN_ARGS
+    dt = _tiles.STEP_ARGS
     lines = [
         "#include <cstddef>",
         "#include <type_traits>",
         '#include "cuwide_train.cu"',
-        "using cuwide::TrainArgs;",
-        f'static_assert(sizeof(TrainArgs) == {dt.itemsize}, "sizeof(TrainArgs)");',
-        f'static_assert(alignof(TrainArgs) == {dt.alignment}, "alignof(TrainArgs)");',
+        "using cuwide::StepArgs;",
+        f'static_assert(sizeof(StepArgs) == {dt.itemsize}, "sizeof(StepArgs)");',
+        f'static_assert(alignof(StepArgs) == {dt.alignment}, "alignof(StepArgs)");',
     ]
-    assert [n for n, _ in _tiles.TRAIN_ARGS_FIELDS] == list(dt.names)
-    for name, ctype in _tiles.TRAIN_ARGS_FIELDS:
+    assert [n for n, _ in _tiles.STEP_ARGS_FIELDS] == list(dt.names)
+    for name, ctype in _tiles.STEP_ARGS_FIELDS:
         fdt, offset = dt.fields[name][:2]
         lines += [
-            f'static_assert(std::is_same<decltype(TrainArgs::{name}), {ctype}>::value, '
+            f'static_assert(std::is_same<decltype(StepArgs::{name}), {ctype}>::value, '
             f'"type of {name}");',
-            f'static_assert(offsetof(TrainArgs, {name}) == {offset}, "offset of {name}");',
-            f'static_assert(sizeof(TrainArgs::{name}) == {fdt.itemsize}, "size of {name}");',
+            f'static_assert(offsetof(StepArgs, {name}) == {offset}, "offset of {name}");',
+            f'static_assert(sizeof(StepArgs::{name}) == {fdt.itemsize}, "size of {name}");',
         ]
     for hw in range(1, 258):
         lines.append(
@@ -124,20 +124,20 @@ def _layout_check_source():
 
 @needs_nvcc
 @pytest.mark.slow
-def test_train_args_struct_matches_the_numpy_dtype(tmp_path):
-    """``cuwide::TrainArgs`` has the field types, offsets and size of
-    ``_tiles.TRAIN_ARGS`` (the kernel would read the launch's arguments
-    from the wrong bytes otherwise); ``hot_replicas`` and the per-sample
-    stride follow ``_tiles``'s rules (the shared memory the backend sizes)."""
-    src = tmp_path / "train_args_check.cu"
+def test_step_args_struct_matches_the_numpy_dtype(tmp_path):
+    """``cuwide::StepArgs`` has the field types, offsets and size of
+    ``_tiles.STEP_ARGS`` (the kernel would read the launch's scalars from
+    the wrong bytes otherwise); ``hot_replicas`` and the per-sample stride
+    follow ``_tiles``'s rules (the shared memory the backend sizes)."""
+    src = tmp_path / "step_args_check.cu"
     src.write_text(_layout_check_source())
     _nvcc(src, "sm_90", tmp_path)
 
 
-def test_train_args_dtype_is_c_aligned():
+def test_step_args_dtype_is_c_aligned():
     """Every field at a multiple of its size, no field overlapping the next:
     the layout a C compiler gives the struct (checked against nvcc above)."""
-    dt = _tiles.TRAIN_ARGS
+    dt = _tiles.STEP_ARGS
     end = 0
     for name in dt.names:
         fdt, offset = dt.fields[name][:2]

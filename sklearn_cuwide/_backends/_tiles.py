@@ -1,11 +1,11 @@
 """Tile sizing: how many rows a sample block holds and how many hot features
 a thread block caches, from the shared memory of one multiprocessor; and the
-training kernel's argument block, :data:`TRAIN_ARGS`.
+training kernel's scalar arguments, :data:`STEP_ARGS`.
 
 Shared by both backends so that the CPU reference walks the same tiles as
 the kernels (the CPU backend assumes an H200's 228 KiB per multiprocessor).
 The byte count mirrors the shared-memory carve-up in ``cuda/cuwide_train.cu``.
-Plain numpy (no cupy): ``tests/test_cuda_sources.py`` checks :data:`TRAIN_ARGS`
+Plain numpy (no cupy): ``tests/test_cuda_sources.py`` checks :data:`STEP_ARGS`
 and :func:`replicas_of_width` against the CUDA source with nvcc alone.
 """
 
@@ -88,35 +88,11 @@ def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):
 
 
 # --------------------------------------------------------------------------
-# the training kernel's argument block
+# the training kernel's scalar arguments
 # --------------------------------------------------------------------------
-#: ``cuwide::TrainArgs`` of ``cuda/cuwide_train.cu``, field by field, in its
+#: ``cuwide::StepArgs`` of ``cuda/cuwide_train.cu``, field by field, in its
 #: order: (name, C type).  The struct documents each field.
-TRAIN_ARGS_FIELDS = (
-    # the layout (read-only)
-    ("feat", "const int*"),
-    ("row", "const unsigned short*"),
-    ("val", "const float*"),
-    ("tile_ptr", "const long long*"),
-    ("sblock_row_ptr", "const long long*"),
-    ("batch_sblock_ptr", "const long long*"),
-    ("y", "const float*"),
-    ("sw", "const float*"),
-    ("batch_w", "const float*"),
-    # this launch's work
-    ("order", "const int*"),
-    ("work_counter", "int*"),
-    # the model and its Adagrad sums (updated in place)
-    ("w", "float*"),
-    ("V", "float*"),
-    ("b", "float*"),
-    ("gw", "float*"),
-    ("gV", "float*"),
-    ("gb", "float*"),
-    # per-feature factors (read-only), the loss
-    ("fscale", "const float*"),
-    ("pscale", "const float*"),
-    ("loss_out", "double*"),
+STEP_ARGS_FIELDS = (
     ("nnz_base", "long long"),
     ("n_work", "int"),
     ("sample_block", "int"),
@@ -124,7 +100,6 @@ TRAIN_ARGS_FIELDS = (
     ("n_scaled", "int"),
     ("gstride", "int"),
     ("pstride", "int"),
-    # the step's hyperparameters
     ("lr", "float"),
     ("l2w", "float"),
     ("l2v", "float"),
@@ -137,16 +112,14 @@ TRAIN_ARGS_FIELDS = (
 
 _NUMPY_OF_C = {"int": np.int32, "long long": np.int64, "float": np.float32}
 
-#: The numpy structured dtype of ``cuwide::TrainArgs``: the same field order,
+#: The numpy structured dtype of ``cuwide::StepArgs``: the same field order,
 #: offsets and size as the C struct (``align=True`` lays the fields out as a
-#: C compiler does); device pointers are uint64 addresses (0: null).  A
-#: one-element array of it is the kernel's argument, passed by value.
-TRAIN_ARGS = np.dtype(
+#: C compiler does).  A one-element array of it is the kernel's argument,
+#: passed by value.
+STEP_ARGS = np.dtype(
     {
-        "names": [name for name, _ in TRAIN_ARGS_FIELDS],
-        "formats": [
-            np.uint64 if c.endswith("*") else _NUMPY_OF_C[c] for _, c in TRAIN_ARGS_FIELDS
-        ],
+        "names": [name for name, _ in STEP_ARGS_FIELDS],
+        "formats": [_NUMPY_OF_C[c] for _, c in STEP_ARGS_FIELDS],
     },
     align=True,
 )

@@ -1,11 +1,12 @@
 """The flow-based training kernel (``cuda/cuwide_train.cu``) and its launcher,
 :func:`run_epoch`, the one the estimators call.
 
-The kernel takes one argument, ``cuwide::TrainArgs``, passed by value: a
-one-element numpy array of :data:`sklearn_cuwide._backends._tiles.TRAIN_ARGS`
-(cupy hands a numpy array of one element to the kernel by value).  The
-benchmarks' ablation and the tests' diagnostic runs go through the same
-launcher, :func:`_epoch`, from :mod:`._ablation`.
+The kernel takes the layout's and the model's arrays as pointers and the
+scalars as one ``cuwide::StepArgs``, passed by value: a one-element numpy
+array of :data:`sklearn_cuwide._backends._tiles.STEP_ARGS` (cupy hands a
+numpy array of one element to a kernel by value).  The benchmarks' ablation
+and the tests' diagnostic runs go through the same launcher, :func:`_epoch`,
+from :mod:`._ablation`.
 """
 
 import cupy as cp
@@ -126,11 +127,6 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
     return get_kernel("cuwide_train.cu", kernel_name(name, *args))
 
 
-def _ptr(a):
-    """The device address of a cupy array (of its first element), 0 for None."""
-    return 0 if a is None else int(a.data.ptr)
-
-
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0):
     """One pass over the mini-batches with the flow-based kernel.
 
@@ -232,26 +228,19 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
         most = max(full_grid(), grid * cluster_of(grid))
         acc_buf = cp.empty(most * sb * rs, dtype=cp.float32)
 
-    # the fields every launch of the epoch shares
-    args = np.zeros(1, dtype=_tiles.TRAIN_ARGS)
-    for name, a in (
-        ("tile_ptr", dl.tile_ptr), ("sblock_row_ptr", dl.sblock_row_ptr),
-        ("batch_sblock_ptr", dl.batch_sblock_ptr), ("y", y), ("sw", sw), ("batch_w", bw),
-        ("w", state.w), ("V", state.V), ("b", state.b), ("gw", gw), ("gV", state.gV),
-        ("gb", state.gb), ("pscale", pscale), ("loss_out", loss),
-    ):
-        args[name] = _ptr(a)
-    args["sample_block"] = sb
-    args["n_hot"] = dl.n_hot
-    args["gstride"] = gstride
-    args["pstride"] = pstride
-    args["lr"] = params.learning_rate
-    args["l2w"] = params.l2_w
-    args["l2v"] = params.l2_v
-    args["l1"] = params.l1
-    args["eps"] = params.eps
-    args["fit_intercept"] = int(params.fit_intercept)
-    args["fit_linear"] = int(params.fit_linear)
+    # the scalars every launch of the epoch shares
+    step = np.zeros(1, dtype=_tiles.STEP_ARGS)
+    step["sample_block"] = sb
+    step["n_hot"] = dl.n_hot
+    step["gstride"] = gstride
+    step["pstride"] = pstride
+    step["lr"] = params.learning_rate
+    step["l2w"] = params.l2_w
+    step["l2v"] = params.l2_v
+    step["l1"] = params.l1
+    step["eps"] = params.eps
+    step["fit_intercept"] = int(params.fit_intercept)
+    step["fit_linear"] = int(params.fit_linear)
 
     stream = cp.cuda.get_current_stream()
     batch_order = np.asarray(batch_order, dtype=np.int64)
@@ -275,14 +264,19 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
             else:
                 power = 0.5 if staleness == "sqrt" else 1.0
                 fscale, n_scaled, bscale = dl.concurrency_scale(g, power)
-        a = args.copy()
+        a = step.copy()
+        a["nnz_base"], a["n_work"] = base, n_work
+        a["n_scaled"], a["bscale"] = n_scaled, bscale
         feat, row, val = arrays
-        a["feat"], a["row"], a["val"] = _ptr(feat), _ptr(row), _ptr(val)
-        a["nnz_base"] = base
-        a["order"], a["n_work"], a["work_counter"] = _ptr(order), n_work, _ptr(counter)
-        a["fscale"], a["n_scaled"], a["bscale"] = _ptr(fscale), n_scaled, bscale
+        kargs = (
+            feat, row, val, dl.tile_ptr, dl.sblock_row_ptr, dl.batch_sblock_ptr, y, sw, bw,
+            order, counter, state.w, state.V, state.b, gw, state.gV, state.gb, fscale, pscale,
+            loss, a,
+        )
+        if variant is not None:
+            kargs += (acc_buf,)
+        kargs = tuple(NULL if x is None else x for x in kargs)  # absent arrays: null pointers
         cl = cluster_of(g)
-        kargs = (a,) if variant is None else (a, acc_buf if acc_buf is not None else NULL)
         kernel_of(cl)((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
 
     def launch(order_np, arrays, base):
