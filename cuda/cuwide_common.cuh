@@ -37,10 +37,10 @@ struct OddStride {
 
 // The last read of a stored nonzero in an epoch (the apply's): a streaming
 // load (evict first), so that the layout streaming through L2 leaves room for
-// the model's gathers; `plain` (an ablation switch) reads it as any load.
+// the model's gathers.
 template <typename T>
-__device__ __forceinline__ T last_read(const T* p, bool plain) {
-  return plain ? *p : __ldcs(p);
+__device__ __forceinline__ T last_read(const T* p) {
+  return __ldcs(p);
 }
 
 // One sgd/adagrad step on one parameter, with the L1 proximal step fused.

@@ -1,9 +1,10 @@
 // cuWide flow-based training kernel (LR, multinomial LR, order-2 FM).
 //
 // One persistent kernel runs one pass over a list of mini-batches of the
-// tiled, feature-major layout (sklearn_cuwide/_layout.py).  A thread block
-// takes a mini-batch (dynamically, through an atomic work counter, or
-// round-robin) and walks its sample blocks.  For each sample block:
+// tiled, feature-major layout (sklearn_cuwide/_layout.py).  A worker (a
+// thread block, or a cluster of them) takes a mini-batch (dynamically,
+// through an atomic work counter, or round-robin) and walks its sample
+// blocks.  For each sample block:
 //
 //   init       per-sample accumulators <- 0 (shared memory); the hot
 //              features' parameters (ids < n_hot) are cached in shared memory
@@ -14,11 +15,12 @@
 //              (cross-stage accumulation caching: the per-sample state never
 //              goes through global memory inside a tile)
 //   apply      sample -> feature.  Hot tile: per-nonzero gradients are
-//              reduced across the lanes of a warp (segmented scan over the
-//              sorted feature ids) and added into n_rep replicated shared
-//              accumulators, flushed once per sample block.  Cold tile: one
-//              lane (LR: up to CUWIDE_LR_COLD_SEGMENTS segments of a warp's
-//              window at once) or one group of lanes (FM: the segment heads
+//              summed per feature (LR: a segmented scan across the lanes of a
+//              warp over the sorted feature ids; FM: a group of lanes sums a
+//              contiguous run of nonzeros in registers) and added into
+//              replicated shared accumulators, flushed once per sample block.
+//              Cold tile: one lane (LR: several segments of a warp's window
+//              at once) or one group of lanes (FM: the segment heads
 //              compacted per chunk) per feature segment sums the segment and
 //              updates the parameter in global memory directly.
 //   update     sgd / adagrad, L2 on the present features, L1 proximal step,
@@ -30,48 +32,76 @@
 //              (gstride = pstride = NOUT + 1, pscale = gw + NOUT), so that the
 //              cold apply reads them from one 32-byte sector, not two.
 //
-// Semantics: with one thread block and round-robin order the mini-batches
-// are applied strictly in order, exactly as the CPU backend does.  With many
-// blocks they run concurrently and lock-free (Hogwild): every update is an
-// atomic add (or CAS for the L1 prox), so no update is lost, but a block may
-// read weights that another block is about to change.
+// Semantics: with one worker and round-robin order the mini-batches are
+// applied strictly in order, exactly as the CPU backend does.  With many
+// workers they run concurrently and lock-free (Hogwild): every update is an
+// atomic add (or CAS for the L1 prox), so no update is lost, but a worker may
+// read weights that another is about to change.
 //
-// Ablation switches (runtime): n_hot = 0 disables hot-feature caching;
-// n_rep = 1 disables replication; the ACCG = 1 instantiation keeps the per-sample
-// accumulators in global memory (no cross-stage caching); skip bits 1/2/4/8
-// leave out the aggregate / hot apply / cold apply / flush (timing only), bit
-// 16 reads the apply's nonzeros as plain loads instead of streaming ones.
+// Kernels: cuwide_train (one block per worker) and cuwide_train_cluster (a
+// thread block cluster per worker) are what the estimators run.  The
+// benchmarks' paper-style ablation runs cuwide_train_ablation[_cluster], the
+// same body with one optimisation off (Variant); sklearn_cuwide/_backends/
+// _cuda/_ablation.py launches them, the estimators never do.  (The third
+// ablation, no hot-feature cache, is a layout with n_hot = 0.)
 #include "cuwide_common.cuh"
 
 using namespace cuwide;
 
-// 1: the FM's hot apply gives each group of lanes one contiguous run of the
-// hot nonzeros and sums a feature's gradient in registers until the feature
-// changes (0: groups stride over the nonzeros, and a warp's groups combine
-// theirs by a segmented scan before an atomic per nonzero pair); the run's
-// nonzeros are loaded CUWIDE_FM_HOT_RUN_UNROLL at a time
-#ifndef CUWIDE_FM_HOT_RUNS
-#define CUWIDE_FM_HOT_RUNS 1
-#endif
-#ifndef CUWIDE_FM_HOT_RUN_UNROLL
-#define CUWIDE_FM_HOT_RUN_UNROLL 4
-#endif
+// The scalar arguments of one launch of the training kernel, passed by value
+// (kernel parameters live in the constant bank, as separate ones would).  The
+// CUDA backend builds it as a one-element numpy array of a structured dtype
+// with the same field order, offsets and size (sklearn_cuwide/_backends/
+// _tiles.py, STEP_ARGS; tests/test_cuda_sources.py checks the two agree).
+namespace cuwide {
+struct StepArgs {
+  long long nnz_base;  // layout index of feat[0] (a streamed chunk's first nonzero)
+  int n_work;          // mini-batches in order
+  int sample_block;    // most rows of a sample block (rows of the per-sample accumulators)
+  int n_hot;           // hot features: ids [0, n_hot), cached in shared memory
+  int n_scaled;        // features [0, n_scaled) have a step scale in fscale
+  int gstride;         // floats from one feature's Adagrad sums in gw to the next's
+  int pstride;         // floats from one feature's penalty factor in pscale to the next's
+  float lr;            // learning rate
+  float l2w;           // L2 penalty of w (b is not penalized)
+  float l2v;           // L2 penalty of V
+  float l1;            // L1 penalty of w (proximal step)
+  float eps;           // Adagrad's epsilon
+  float bscale;        // the intercepts' step scale under concurrency
+  int fit_intercept;   // 0 / 1
+  int fit_linear;      // FM: 0 / 1, train the linear weights
+};
 
-// Nonzeros a group of lanes aggregates at once in the FM when a lane holds
-// at most two factors (their loads and factor gathers in flight together)
-#ifndef CUWIDE_FM_AGG_UNROLL
-#define CUWIDE_FM_AGG_UNROLL 8
-#endif
+// The kernel's variants: what the estimators run, and the ablations that
+// each leave one optimisation out
+enum Variant {
+  PRODUCTION = 0,
+  NO_REPLICAS = 1,          // one copy of the hot gradient accumulators
+  GLOBAL_ACCUMULATORS = 2,  // per-sample accumulators in global memory, not shared
+};
+}  // namespace cuwide
 
-// Cold LR feature segments one lane works on at once (their gathers in
-// flight together), binary; fewer with more outputs (registers).  Measured
-// on the H200 (benchmarks/results/2026-11-30_s7_cold_windows): 3 is the
-// most without register spills at 64 registers, and the fastest of 2/3/4.
-#ifndef CUWIDE_LR_COLD_SEGMENTS
-#define CUWIDE_LR_COLD_SEGMENTS 3
-#endif
-#define CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT) \
-  ((NOUT) <= 2 ? CUWIDE_LR_COLD_SEGMENTS : (NOUT) <= 4 ? 2 : 1)
+// Copies of each hot gradient accumulator: fewer atomic conflicts on the
+// frequent features, as many as the shared memory of narrow models allows
+// (sklearn_cuwide/_backends/_tiles.py, replicas_of_width, sizes the shared
+// memory with the same rule)
+__host__ __device__ constexpr int hot_replicas(int hw) {
+  return hw == 1 ? 4 : hw <= 17 ? 2 : 1;
+}
+
+// FM aggregate, a lane holding at most two factors: nonzeros a group of
+// lanes loads at once, so that their gathers overlap
+constexpr int FM_AGG_UNROLL = 8;
+
+// FM hot apply, a lane holding at most two factors: nonzeros of a group's
+// run loaded at once, so that their loads overlap
+constexpr int FM_HOT_RUN_UNROLL = 4;
+
+// Cold LR feature segments a lane sums at once (their gathers in flight
+// together): as many as 64 registers hold, fewer with more outputs
+__host__ __device__ constexpr int lr_cold_segments(int nout) {
+  return nout <= 2 ? 3 : nout <= 4 ? 2 : 1;
+}
 
 template <int MODEL, int NOUT, int NF>
 struct Shape {
@@ -101,24 +131,6 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
   }
 }
 
-#define CUWIDE_TRAIN_PARAMS                                                                 \
-  const int *__restrict__ feat, const unsigned short *__restrict__ row,                     \
-      const float *__restrict__ val, long long nnz_base,                                    \
-      const long long *__restrict__ tile_ptr, const long long *__restrict__ sblock_row_ptr, \
-      const long long *__restrict__ batch_sblock_ptr, const int *__restrict__ order,        \
-      int n_work, int *work_counter, const float *__restrict__ y,                           \
-      const float *__restrict__ sw, const float *__restrict__ batch_w, float *w, float *V,  \
-      float *b, float *gw, float *gV, float *gb, int sample_block, int n_hot, int n_rep,    \
-      float *acc_global, float lr, float l2w, float l2v, float l1, float eps,               \
-      int fit_intercept, int fit_linear, const float *__restrict__ fscale, int n_scaled,    \
-      float bscale, const float *__restrict__ pscale, int gstride, int pstride, int skip,   \
-      double *loss_out
-#define CUWIDE_TRAIN_ARGS                                                                  \
-  feat, row, val, nnz_base, tile_ptr, sblock_row_ptr, batch_sblock_ptr, order, n_work,      \
-      work_counter, y, sw, batch_w, w, V, b, gw, gV, gb, sample_block, n_hot, n_rep,        \
-      acc_global, lr, l2w, l2v, l1, eps, fit_intercept, fit_linear, fscale, n_scaled,       \
-      bscale, pscale, gstride, pstride, skip, loss_out
-
 // CL blocks (a thread block cluster when CL > 1) form one worker: they train
 // the same sample block together.  Each aggregates a CL-th of its nonzeros
 // into its own per-sample accumulators; the partial sums are reduced across
@@ -130,12 +142,52 @@ __device__ __forceinline__ void loss1(float z, float y, float& lo, float& d) {
 // semantics are the sequential order's, whatever CL; CL > 1 only shortens
 // the time one sample block takes, so fewer workers (less staleness) fill
 // the GPU.
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int ACCG>
-__device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int VARIANT>
+__device__ __forceinline__ void train_body(
+    // the layout, in layout order (sklearn_cuwide/_layout.py)
+    const int* __restrict__ feat,            // per nonzero: feature id (sorted within a tile)
+    const unsigned short* __restrict__ row,  // per nonzero: row within its sample block
+    const float* __restrict__ val,           // per nonzero: value
+    const long long* __restrict__ tile_ptr,  // sample block g: hot nonzeros from tile_ptr[2g],
+                                             // cold from [2g + 1], to [2g + 2]
+    const long long* __restrict__ sblock_row_ptr,    // sample block g: rows from [g] to [g + 1]
+    const long long* __restrict__ batch_sblock_ptr,  // mini-batch t: sample blocks [t] to [t + 1]
+    const float* __restrict__ y,        // per row: label (the class index for multinomial)
+    const float* __restrict__ sw,       // per row: sample weight
+    const float* __restrict__ batch_w,  // per mini-batch: sum of sample weights (0: skipped)
+    // this launch's work
+    const int* __restrict__ order,  // the mini-batches to train, in the order they are taken
+    int* work_counter,              // next position in order, taken atomically by the workers;
+                                    // null: worker q takes positions q, q + P, q + 2P, ...
+    // the model and its Adagrad sums, updated in place
+    float* w,   // (n_features, NOUT) linear weights
+    float* V,   // (n_features, NF) factors; null for LR
+    float* b,   // (NOUT,) intercepts
+    float* gw,  // sums of w, feature f's at gw[f * gstride + o]; null for sgd
+    float* gV,  // (n_features, NF) sums of V; null for sgd or LR
+    float* gb,  // (NOUT,) sums of b; null for sgd
+    // per-feature factors, the loss
+    const float* __restrict__ fscale,  // step scale of features [0, n_scaled); null: all 1
+    const float* __restrict__ pscale,  // penalty factor of f at pscale[f * pstride]; null: all 1
+    double* loss_out,                  // += the launch's sum of sample_weight * loss
+    const StepArgs& args,              // the scalars
+    float* acc_global) {  // GLOBAL_ACCUMULATORS: sample_block * RS floats per block of the grid
   using S = Shape<MODEL, NOUT, NF>;
   constexpr int HW = S::HW, RS = S::RS, G = S::G, KPL = S::KPL;
-  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : KPL == 2 ? 4 : CUWIDE_FM_AGG_UNROLL)
+  // nonzeros a thread (LR) or group of lanes (FM) aggregates at once, their
+  // gathers in flight together: fewer as a nonzero's floats per lane grow
+  constexpr int UNROLL = MODEL == FM ? (KPL > 2 ? 2 : KPL == 2 ? 4 : FM_AGG_UNROLL)
                                     : (NOUT > 4 ? 1 : 4);
+  constexpr int REP = VARIANT == NO_REPLICAS ? 1 : hot_replicas(HW);
+  // a template argument, not a test of acc_global: with the per-sample
+  // accumulators known to be in shared memory, their atomics compile to
+  // shared-memory ones, without a generic atomic's address-space test
+  constexpr bool ACCG = VARIANT == GLOBAL_ACCUMULATORS;
+  const int sample_block = args.sample_block, n_hot = args.n_hot, n_scaled = args.n_scaled;
+  const int gstride = args.gstride, pstride = args.pstride;
+  const float lr = args.lr, l2w = args.l2w, l2v = args.l2v, l1 = args.l1, eps = args.eps;
+  const int fit_intercept = args.fit_intercept, fit_linear = args.fit_linear;
+
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_item[2];
   __shared__ long long s_split[4];
@@ -146,15 +198,14 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   const int n_workers = CL > 1 ? (int)cluster_count() : (int)gridDim.x;
   const int lane = tid & 31, warp = tid >> 5, n_warps = bd >> 5;
 
-  // ACCG (the acc_global ablation) is a template argument, not a test of
-  // acc_global: with the per-sample accumulators known to be in shared
-  // memory, their atomics compile to shared-memory ones, without a generic
-  // atomic's try and address-space test before each
+  // shared memory (sklearn_cuwide/_backends/_tiles.py, smem_bytes, sizes it):
+  // per-sample accumulators, hot cache, REP hot gradient copies, segment
+  // heads, per-warp counts, intercept gradient, hot features touched
   float* acc_s = reinterpret_cast<float*>(smem_raw);
   float* hcache = acc_s + (ACCG ? 0 : sample_block * RS);
   const long long hsize = (long long)n_hot * HW;
   float* hgrad = hcache + hsize;
-  int* heads = reinterpret_cast<int*>(hgrad + (long long)n_rep * hsize);
+  int* heads = reinterpret_cast<int*>(hgrad + (long long)REP * hsize);
   int* wcount = heads + bd;                                  // 33 ints
   float* bgrad = reinterpret_cast<float*>(wcount + 33);      // NOUT floats
   int* touched = reinterpret_cast<int*>(bgrad + NOUT);  // hot feature present?
@@ -167,9 +218,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 
   // group of G lanes per nonzero / per segment
   const int gl = tid % G, gid = tid / G, ng = bd / G;
-  const int gidw = lane / G, ngw = 32 / G;
 
-  for (long long i = tid; i < (long long)n_rep * hsize; i += bd) hgrad[i] = 0.f;
+  for (long long i = tid; i < (long long)REP * hsize; i += bd) hgrad[i] = 0.f;
   for (int i = tid; i < n_hot; i += bd) touched[i] = 0;
   double my_loss = 0.0;
   int step = 0;
@@ -193,7 +243,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       item = worker + step * n_workers;
     }
     ++step;
-    if (item >= n_work) break;
+    if (item >= args.n_work) break;
     const int bt = order[item];
     const float wb = batch_w[bt];
     if (!(wb > 0.f)) continue;
@@ -202,9 +252,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
     for (long long g = batch_sblock_ptr[bt]; g < batch_sblock_ptr[bt + 1]; ++g) {
       const long long r0 = sblock_row_ptr[g];
       const int m = (int)(sblock_row_ptr[g + 1] - r0);
-      const long long t0 = tile_ptr[2 * g] - nnz_base;
-      const long long t1 = tile_ptr[2 * g + 1] - nnz_base;
-      const long long t2 = tile_ptr[2 * g + 2] - nnz_base;
+      const long long t0 = tile_ptr[2 * g] - args.nnz_base;
+      const long long t1 = tile_ptr[2 * g + 1] - args.nnz_base;
+      const long long t2 = tile_ptr[2 * g + 2] - args.nnz_base;
       // this block's share: nonzeros a0..a1 to aggregate, rows s0..s1 to
       // reduce and take the loss of, hot nonzeros h0..h1 and cold c0..c1 to
       // apply (split at feature boundaries)
@@ -243,8 +293,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       // ---------------- aggregate: feature -> sample ----------------
       // UNROLL nonzeros per thread (group) per step: their loads are all
       // issued before the first use, so the gathers overlap.
-      if (skip & 1) {
-      } else if (MODEL == LINEAR) {
+      if constexpr (MODEL == LINEAR) {
         for (long long base = a0 + tid; base < a1; base += UNROLL * bd) {
           int f[UNROLL], r[UNROLL];
           float x[UNROLL];
@@ -433,17 +482,16 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       }
 
       // ---------------- apply, hot tile: replicated shared accumulators ----------------
-      const bool plain = skip & 16;  // ablation: the apply's last reads as plain loads
-      if (!(skip & 2) && MODEL == FM && CUWIDE_FM_HOT_RUNS) {
-        // FM: a group takes one contiguous run of the hot nonzeros (sorted by
+      float* hg = hgrad + (long long)(warp % REP) * hsize;
+      if constexpr (MODEL == FM) {
+        // a group takes one contiguous run of the hot nonzeros (sorted by
         // feature) and sums a feature's gradient in registers until the
         // feature changes: one atomic per feature and group, not per nonzero,
         // and the feature's factors read from the cache once
-        float* hg = hgrad + (long long)(warp % n_rep) * hsize;
         const long long per = (h1 - h0 + ng - 1) / ng;
         const long long i0 = h0 + per * gid;
         const long long iend = i0 + per < h1 ? i0 + per : h1;
-        constexpr int U = KPL > 2 ? 2 : CUWIDE_FM_HOT_RUN_UNROLL;
+        constexpr int U = KPL > 2 ? 2 : FM_HOT_RUN_UNROLL;
         int fc = -1;
         float vc[KPL], c[KPL + 1];
 #pragma unroll
@@ -468,9 +516,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             rq[u] = 0;
             xq[u] = 0.f;
             if (i + u < iend) {
-              fq[u] = last_read(feat + i + u, plain);
-              rq[u] = last_read(row + i + u, plain);
-              xq[u] = last_read(val + i + u, plain);
+              fq[u] = last_read(feat + i + u);
+              rq[u] = last_read(row + i + u);
+              xq[u] = last_read(val + i + u);
             }
           }
 #pragma unroll
@@ -499,72 +547,47 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
           }
         }
         if (fc >= 0) flush();
-      } else if (!(skip & 2)) {
-        float* hg = hgrad + (long long)(warp % n_rep) * hsize;
-        // software pipelined: the next nonzero's loads are in flight while
-        // this one is reduced (more loads ahead measured slower on the H200:
-        // benchmarks/results/2026-11-30_s8_timing_ab/)
+      } else {
+        // LR: one nonzero per lane; the lanes of a feature combine their
+        // gradients by a segmented scan (ids sorted), the last adds them.
+        // The next nonzero's loads are issued while this one is reduced.
         int f_n = -1, r_n = 0;
         float x_n = 0.f;
-        if (h0 + gid < h1) {
-          f_n = last_read(feat + h0 + gid, plain);
-          r_n = last_read(row + h0 + gid, plain);
-          x_n = last_read(val + h0 + gid, plain);
+        if (h0 + tid < h1) {
+          f_n = last_read(feat + h0 + tid);
+          r_n = last_read(row + h0 + tid);
+          x_n = last_read(val + h0 + tid);
         }
-        for (long long base = h0; base < h1; base += ng) {
-          const bool active = base + gid < h1;
+        for (long long base = h0; base < h1; base += bd) {
+          const bool active = base + tid < h1;
           const int fa = f_n, r = r_n;
           const float x = x_n;
-          const long long inext = base + ng + gid;
+          const long long inext = base + bd + tid;
           if (inext < h1) {
-            f_n = last_read(feat + inext, plain);
-            r_n = last_read(row + inext, plain);
-            x_n = last_read(val + inext, plain);
+            f_n = last_read(feat + inext);
+            r_n = last_read(row + inext);
+            x_n = last_read(val + inext);
           }
           int f = active ? fa : -1;
-          float c[MODEL == FM ? KPL + 1 : NOUT];
-          if (MODEL == FM) {
+          float c[NOUT];
 #pragma unroll
-            for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
-            if (active) {
-              const float ex = acc[r * RS + NF] * x;
+          for (int o = 0; o < NOUT; ++o) c[o] = active ? acc[r * RS + o] * x : 0.f;
+          // segmented inclusive scan over the lanes of the warp
 #pragma unroll
-              for (int kk = 0; kk < KPL; ++kk) {
-                const int k = gl + kk * G;
-                if (k < NF) c[kk] = ex * (acc[r * RS + k] - hcache[f * HW + k] * x);
-              }
-              c[KPL] = ex;
-            }
-          } else {
+          for (int off = 1; off < 32; off <<= 1) {
+            const int fo = __shfl_up_sync(CUWIDE_FULL_MASK, f, off);
 #pragma unroll
-            for (int o = 0; o < NOUT; ++o) c[o] = active ? acc[r * RS + o] * x : 0.f;
-          }
-          constexpr int NC = MODEL == FM ? KPL + 1 : NOUT;
-          // segmented inclusive scan over the groups of the warp (ids sorted)
-#pragma unroll
-          for (int off = 1; off < ngw; off <<= 1) {
-            const int fo = __shfl_up_sync(CUWIDE_FULL_MASK, f, off * G);
-#pragma unroll
-            for (int q = 0; q < NC; ++q) {
-              const float co = __shfl_up_sync(CUWIDE_FULL_MASK, c[q], off * G);
-              if (gidw >= off && fo == f) c[q] += co;
+            for (int q = 0; q < NOUT; ++q) {
+              const float co = __shfl_up_sync(CUWIDE_FULL_MASK, c[q], off);
+              if (lane >= off && fo == f) c[q] += co;
             }
           }
-          const int fnext = __shfl_down_sync(CUWIDE_FULL_MASK, f, G);
-          const bool tail = (gidw == ngw - 1) || fnext != f;
+          const int fnext = __shfl_down_sync(CUWIDE_FULL_MASK, f, 1);
+          const bool tail = lane == 31 || fnext != f;
           if (active && tail) {
-            if (gl == 0) atomicExch(&touched[f], 1);
-            if (MODEL == FM) {
+            atomicExch(&touched[f], 1);
 #pragma unroll
-              for (int kk = 0; kk < KPL; ++kk) {
-                const int k = gl + kk * G;
-                if (k < NF) atomicAdd(&hg[f * HW + k], c[kk]);
-              }
-              if (gl == 0) atomicAdd(&hg[f * HW + NF], c[KPL]);
-            } else {
-#pragma unroll
-              for (int o = 0; o < NOUT; ++o) atomicAdd(&hg[f * NOUT + o], c[o]);
-            }
+            for (int o = 0; o < NOUT; ++o) atomicAdd(&hg[f * NOUT + o], c[o]);
           }
         }
       }
@@ -578,10 +601,9 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
       // belongs to exactly one window and windows need no block barrier.  A
       // segment is summed in the order of its nonzeros, as the CPU backend does.
       if constexpr (MODEL == LINEAR) {
-        constexpr int CU = CUWIDE_LR_COLD_SEGMENTS_FOR(NOUT);
+        constexpr int CU = lr_cold_segments(NOUT);
         constexpr int WIN = 32 * CU;
-        for (long long wb = c0 + (long long)warp * WIN; wb < ((skip & 4) ? c0 : c1);
-             wb += (long long)n_warps * WIN) {
+        for (long long wb = c0 + (long long)warp * WIN; wb < c1; wb += (long long)n_warps * WIN) {
           int fr[CU], cnt[CU];
           unsigned bal[CU];
 #pragma unroll
@@ -670,8 +692,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
               w_old[kk][o] = (ok && l2w != 0.f) ? w[(long long)f * NOUT + o] : 0.f;
               G_old[kk][o] = ok ? load_acc<SOLVER>(gw + (long long)f * gstride + o) : 0.f;
             }
-            r1[kk] = ok ? (int)last_read(row + hp[kk], plain) : 0;
-            x1[kk] = ok ? last_read(val + hp[kk], plain) : 0.f;
+            r1[kk] = ok ? (int)last_read(row + hp[kk]) : 0;
+            x1[kk] = ok ? last_read(val + hp[kk]) : 0.f;
           }
 #pragma unroll
           for (int kk = 0; kk < CU; ++kk) {
@@ -684,15 +706,15 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             if (hf[kk] < 0) continue;
             long long q = hp[kk] + 1;
             for (const long long qe = hp[kk] + hn[kk]; q < qe; ++q) {
-              const int r = last_read(row + q, plain);
-              const float x = last_read(val + q, plain);
+              const int r = last_read(row + q);
+              const float x = last_read(val + q);
 #pragma unroll
               for (int o = 0; o < NOUT; ++o) gs[kk][o] += acc[r * RS + o] * x;
             }
             if (q == wend && wend < c1) {  // the segment runs past the window
               for (; q < c1 && feat[q] == hf[kk]; ++q) {
-                const int r = last_read(row + q, plain);
-                const float x = last_read(val + q, plain);
+                const int r = last_read(row + q);
+                const float x = last_read(val + q);
 #pragma unroll
                 for (int o = 0; o < NOUT; ++o) gs[kk][o] += acc[r * RS + o] * x;
               }
@@ -715,7 +737,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 
       // ---------------- apply, cold tile, FM: one group per feature segment ----------------
       if constexpr (MODEL == FM) {
-        for (long long base = c0; base < ((skip & 4) ? c0 : c1); base += bd) {
+        for (long long base = c0; base < c1; base += bd) {
           const long long i = base + tid;
           const bool head = i < c1 && (i == c0 || feat[i] != feat[i - 1]);
           const unsigned bal = __ballot_sync(CUWIDE_FULL_MASK, head);
@@ -758,8 +780,8 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
             const float w_old = lin ? w[f] : 0.f;
             const float Gw_old = lin ? load_acc<SOLVER>(gw + (long long)f * gstride) : 0.f;
             for (long long q = p; q < c1 && feat[q] == f; ++q) {
-              const int r = last_read(row + q, plain);
-              const float x = last_read(val + q, plain);
+              const int r = last_read(row + q);
+              const float x = last_read(val + q);
               const float ex = acc[r * RS + NF] * x;
               gwv += ex;
 #pragma unroll
@@ -787,12 +809,13 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
 
       // ---------------- flush the hot accumulators; intercept ----------------
       __syncthreads();  // the hot apply's adds are done (the cold loop may be empty)
-      for (long long i = tid; i < ((skip & 8) ? 0 : hsize); i += bd) {
+      for (long long i = tid; i < hsize; i += bd) {
         const int f = (int)(i / HW);
         if (!touched[f]) continue;
         const int j = (int)(i - (long long)f * HW);
         float gsum = 0.f;
-        for (int rp = 0; rp < n_rep; ++rp) {
+#pragma unroll
+        for (int rp = 0; rp < REP; ++rp) {
           gsum += hgrad[rp * hsize + i];
           hgrad[rp * hsize + i] = 0.f;
         }
@@ -821,7 +844,7 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
         float gsum = bgrad[tid];
 #pragma unroll
         for (int q = 1; q < CL; ++q) gsum += *cluster_map(&bgrad[tid], (unsigned)q);
-        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, 0.f, bscale,
+        update_param<SOLVER>(b + tid, gb + tid, gsum, lr, eps, 0.f, 0.f, args.bscale,
                              load_acc<SOLVER>(gb + tid));
       }
       __syncthreads();
@@ -840,36 +863,105 @@ __device__ __forceinline__ void train_body(CUWIDE_TRAIN_PARAMS) {
   if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
 }
 
-// ACCG = 1: the per-sample accumulators in global memory at acc_global (an
-// ablation); 0: in shared memory (acc_global unused)
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int ACCG>
-__global__ void __launch_bounds__(512, 2) cuwide_train(CUWIDE_TRAIN_PARAMS) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, ACCG>(CUWIDE_TRAIN_ARGS);
-}
-
 // CL blocks per worker, as a thread block cluster (the grid a multiple of CL;
-// sm_90 and later: before, the template exists but is never instantiated)
+// sm_90 and later: before, the cluster kernels exist but are never instantiated)
 #if CUWIDE_HAS_CLUSTERS
 #define CUWIDE_CLUSTER_DIMS(CL) __cluster_dims__(CL, 1, 1)
 #else
 #define CUWIDE_CLUSTER_DIMS(CL)
 #endif
-template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int ACCG>
-__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2)
-    cuwide_train_cluster(CUWIDE_TRAIN_PARAMS) {
-  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, ACCG>(CUWIDE_TRAIN_ARGS);
+
+// The kernels take train_body's arrays as __restrict__ kernel parameters
+// (the compiler reads the read-only ones through the read-only data path and
+// keeps their addresses in registers; as struct fields they are neither)
+// and the scalars as one StepArgs.
+
+// ---- what the estimators run (sklearn_cuwide/_backends/_cuda/_train.py) ----
+// 512 threads, 2 blocks per multiprocessor: _tiles.THREADS and BLOCKS_PER_SM
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS>
+__global__ void __launch_bounds__(512, 2) cuwide_train(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, PRODUCTION>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, nullptr);
+}
+
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL>
+__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_cluster(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args) {
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, PRODUCTION>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, nullptr);
+}
+
+// ---- the benchmarks' ablation (sklearn_cuwide/_backends/_cuda/_ablation.py) ----
+// VARIANT: a Variant other than PRODUCTION; acc_global: with
+// GLOBAL_ACCUMULATORS, sample_block * RS floats per block of the grid
+// (unused otherwise)
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int VARIANT>
+__global__ void __launch_bounds__(512, 2) cuwide_train_ablation(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args, float* acc_global) {
+  static_assert(VARIANT != PRODUCTION, "the production variant is cuwide_train");
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, 1, VARIANT>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, acc_global);
+}
+
+template <int MODEL, int NOUT, int NF, int SOLVER, int LOSS, int CL, int VARIANT>
+__global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_ablation_cluster(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, int* work_counter, float* w, float* V, float* b, float* gw,
+    float* gV, float* gb, const float* __restrict__ fscale, const float* __restrict__ pscale,
+    double* loss_out, const StepArgs args, float* acc_global) {
+  static_assert(VARIANT != PRODUCTION, "the production variant is cuwide_train_cluster");
+  train_body<MODEL, NOUT, NF, SOLVER, LOSS, CL, VARIANT>(
+      feat, row, val, tile_ptr, sblock_row_ptr, batch_sblock_ptr, y, sw, batch_w, order,
+      work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, acc_global);
 }
 
 #ifdef CUWIDE_NVCC_CHECK
-// explicit instantiations so that `nvcc -DCUWIDE_NVCC_CHECK -c` checks the code
-template __global__ void cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<FM, 1, 128, SGD, SQUARED, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC, 1>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, 1>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8, 0>(CUWIDE_TRAIN_PARAMS);
-template __global__ void cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4, 0>(CUWIDE_TRAIN_PARAMS);
+// instantiations (their addresses taken) so that `nvcc -DCUWIDE_NVCC_CHECK -c`
+// compiles and checks the kernels that NVRTC otherwise compiles at run time
+extern void* const cuwide_train_check[];
+void* const cuwide_train_check[] = {
+    // production: one block per worker
+    (void*)&cuwide_train<LINEAR, 1, 0, ADAGRAD, LOGISTIC>,
+    (void*)&cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>,
+    (void*)&cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>,
+    (void*)&cuwide_train<FM, 1, 128, SGD, SQUARED>,
+    // production: a thread block cluster per worker
+    (void*)&cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2>,
+    (void*)&cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>,
+    (void*)&cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>,
+    (void*)&cuwide_train_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 4>,
+    (void*)&cuwide_train_cluster<FM, 1, 1, SGD, SQUARED, 2>,
+    // ablation
+    (void*)&cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, NO_REPLICAS>,
+    (void*)&cuwide_train_ablation<LINEAR, 1, 0, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, NO_REPLICAS>,
+    (void*)&cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, GLOBAL_ACCUMULATORS>,
+    (void*)&cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>,
+};
 #endif

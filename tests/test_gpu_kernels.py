@@ -2,6 +2,11 @@
 
 Fresh random inputs every run; sizes that do not divide the tiles; empty rows
 and columns; one feature present in every row; n_factors 1 to 128.
+
+The training kernel runs through the estimators' entry point
+(``_cuda.run_epoch``), the benchmarks' ablation (``_ablation.run_epoch_ablation``)
+and the diagnostic one that forces a cluster size (``_ablation.run_epoch_diagnostic``;
+``workers=1, cluster=1``: one plain thread block, strictly in order).
 """
 
 import numpy as np
@@ -29,13 +34,21 @@ def cuda():
     return get_backend("cuda:0")
 
 
-def _run_gpu(cuda, layout, y, sw, state, params, order, put_kw=None, **kw):
+def _diagnostic():
+    from sklearn_cuwide._backends._cuda._ablation import run_epoch_diagnostic
+
+    return run_epoch_diagnostic
+
+
+def _run_gpu(cuda, layout, y, sw, state, params, order, put_kw=None, epoch=None, **kw):
+    """One epoch of ``epoch`` (default: the diagnostic entry point with
+    ``kw``) from ``state``; returns (loss, state in the user's order, layout)."""
     import cupy as cp
 
     ro = layout.row_order
     dl = cuda.put_layout(layout, **(put_kw or {}))
     st = cuda.put_state(state.permute_features(layout.feature_order))
-    loss = cuda.run_epoch(
+    loss = (epoch or _diagnostic())(
         dl,
         cp.asarray(y[ro].astype(np.float32)),
         cp.asarray(sw[ro].astype(np.float32)),
@@ -55,23 +68,33 @@ def _compare(loss, out, ref_loss, ref, rtol=2e-3, atol=2e-5):
         np.testing.assert_allclose(v, ref[k], rtol=rtol, atol=atol, err_msg=k)
 
 
-def _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=None, **kw):
-    """One deterministic GPU epoch in a random mini-batch order against the
-    float64 reference's epoch from the same state; returns the device layout."""
+def _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=None, epoch=None, **kw):
+    """One GPU epoch of one worker in a random mini-batch order against the
+    float64 reference's epoch from the same state; returns the device layout.
+
+    ``epoch``: the entry point (called with ``workers=1`` and ``kw``);
+    default: the diagnostic one with one plain thread block (``cluster=1``)
+    unless ``kw`` names a cluster."""
     order = rng.permutation(layout.n_batches)
     ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
     ref_loss = reference_epoch(layout, y, sw, ref, params, order)
+    if epoch is None:
+        kw.setdefault("cluster", 1)
     loss, out, dl = _run_gpu(cuda, layout, y, sw, state, params, order, put_kw=put_kw,
-                             deterministic=True, **kw)
+                             epoch=epoch, workers=1, **kw)
     _compare(loss, out, ref_loss, ref)
     return dl
 
 
+@pytest.mark.parametrize("entry", ["one_block", "run_epoch"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_epoch_matches_reference(cuda, cfg):
+def test_epoch_matches_reference(cuda, cfg, entry):
+    """One plain thread block, and the estimators' entry point with one
+    worker (a cluster of ``cluster_for(1)`` blocks, still in order)."""
     rng = np.random.default_rng()
     X, y, sw, layout, state, params = make_case(rng, cfg)
-    _check_epoch(cuda, rng, layout, y, sw, state, params)
+    epoch = cuda.run_epoch if entry == "run_epoch" else None
+    _check_epoch(cuda, rng, layout, y, sw, state, params, epoch=epoch)
 
 
 SCALED_ADAGRAD = [c for c in CONFIGS if c[1].get("penalty_scaled") and c[1]["solver"] == "adagrad"]
@@ -80,12 +103,15 @@ SCALED_ADAGRAD = [c for c in CONFIGS if c[1].get("penalty_scaled") and c[1]["sol
 @pytest.mark.parametrize("cfg", SCALED_ADAGRAD, ids=[c[0] for c in SCALED_ADAGRAD])
 def test_packed_penalty_factors_follow_the_layout(cuda, cfg):
     """Adagrad's sums and the penalty factors share one device buffer
-    (``_cuda.pack_penalty``).  One device state trained for an epoch on each
+    (``_train.pack_penalty``).  One device state trained for an epoch on each
     of two layouts of the same rows (other shuffles: the same feature order,
     other factors) and then a third epoch on the first matches the float64
     reference's three epochs: the factors are rewritten when the layout
-    changes, and the packed sums persist between epochs."""
+    changes, and the packed sums persist between epochs.  The buffer's
+    bookkeeping is the device state's (``state.extra``), not a global's."""
     import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import _train
 
     rng = np.random.default_rng()
     X, y, sw, l1, state, params = make_case(rng, cfg)
@@ -102,12 +128,16 @@ def test_packed_penalty_factors_follow_the_layout(cuda, cfg):
         order = rng.permutation(lay.n_batches)
         ref_loss = reference_epoch(lay, y, sw, ref, params, order)
         ro = lay.row_order
-        loss = cuda.run_epoch(dls[which], cp.asarray(y[ro].astype(np.float32)),
-                              cp.asarray(sw[ro].astype(np.float32)),
-                              batch_weights(lay, sw[ro]), st, params, order,
-                              deterministic=True)
+        loss = _diagnostic()(dls[which], cp.asarray(y[ro].astype(np.float32)),
+                             cp.asarray(sw[ro].astype(np.float32)),
+                             batch_weights(lay, sw[ro]), st, params, order,
+                             workers=1, cluster=1)
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+        rec = st.extra[_train._PACKED]
+        assert rec["token"] == dls[which]._pscale_token
+        assert st.gw.base is rec["buffer"]
     assert not st.gw.flags.c_contiguous  # the packed view
+    assert not hasattr(_train, "_PACKED_FOR")
     out = cuda.get_state(st).permute_features(l1.feature_rank)
     _compare(loss, out, ref_loss, ref)
 
@@ -123,7 +153,7 @@ def test_cluster_epoch_matches_reference(cuda, cfg, cluster):
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[2], CONFIGS[4]], ids=lambda c: c[0])
-@pytest.mark.parametrize("case", ["tiny_blocks", "acc_global", "no_hot", "all_hot"])
+@pytest.mark.parametrize("case", ["tiny_blocks", "global_accumulators", "no_hot", "all_hot"])
 def test_cluster_edge_cases_match_reference(cuda, cfg, case):
     """Clusters of 8 on sample blocks of fewer rows than blocks, with the
     per-sample accumulators in global memory, without hot features, and on
@@ -134,8 +164,8 @@ def test_cluster_edge_cases_match_reference(cuda, cfg, case):
     kw, case_kw = {}, {}
     if case == "tiny_blocks":
         case_kw = dict(batch_size=16, sample_block=5)
-    elif case == "acc_global":
-        kw = dict(acc_global=True)
+    elif case == "global_accumulators":
+        kw = dict(variant="global_accumulators")
     elif case == "no_hot":
         case_kw = dict(n_hot_max=0)
     if case == "all_hot":
@@ -158,20 +188,37 @@ def test_cluster_edge_cases_match_reference(cuda, cfg, case):
     _check_epoch(cuda, rng, layout, y, sw, state, params, cluster=8, **kw)
 
 
-def test_cluster_rejects_other_sizes(cuda):
+def test_entry_points_reject_bad_options(cuda):
+    from sklearn_cuwide._backends._cuda._ablation import run_epoch_ablation
+
     rng = np.random.default_rng(0)
     X, y, sw, layout, state, params = make_case(rng, CONFIGS[0])
+    order = np.arange(layout.n_batches)
     with pytest.raises(ValueError, match="cluster must be one of"):
-        _run_gpu(cuda, layout, y, sw, state, params, np.arange(layout.n_batches), cluster=3)
+        _run_gpu(cuda, layout, y, sw, state, params, order, cluster=3)
+    with pytest.raises(ValueError, match="workers must be"):
+        _run_gpu(cuda, layout, y, sw, state, params, order, epoch=cuda.run_epoch, workers=0)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        _run_gpu(cuda, layout, y, sw, state, params, order, epoch=run_epoch_ablation,
+                 variant="plain")
+    import cupy as cp
+
+    dl = cuda.put_layout(layout)
+    st = cuda.put_state(state.permute_features(layout.feature_order))
+    ro = layout.row_order
+    with pytest.raises(TypeError, match="float32"):  # y as float64
+        cuda.run_epoch(dl, cp.asarray(y[ro]), cp.asarray(sw[ro].astype(np.float32)),
+                       batch_weights(layout, sw[ro]), st, params, order)
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
 @pytest.mark.parametrize(
     "switch",
-    ["stream", "no_hot", "no_hot_long", "no_replicas", "acc_global", "device_tiles"],
+    ["stream", "no_hot", "no_hot_long", "no_replicas", "global_accumulators", "device_tiles"],
 )
 def test_switches_match_reference(cuda, cfg, switch):
-    """Streaming through two buffers and each ablation switch compute the same.
+    """Streaming through two buffers and each ablation variant (one plain
+    thread block) compute the same.
 
     ``no_hot_long``: 300-row sample blocks and no hot features, so the
     feature in every row is a cold segment of 300 nonzeros, longer than the
@@ -184,10 +231,8 @@ def test_switches_match_reference(cuda, cfg, switch):
         case_kw = dict(n_hot_max=0)
     elif switch == "no_hot_long":
         case_kw = dict(n_hot_max=0, batch_size=600, sample_block=300)
-    elif switch == "no_replicas":
-        kw = dict(n_rep=1)
-    elif switch == "acc_global":
-        kw = dict(acc_global=True)
+    elif switch in ("no_replicas", "global_accumulators"):
+        kw = dict(variant=switch)
     elif switch == "device_tiles":
         sb, nh = cuda.tile_shape(make_case(rng, cfg)[5], cfg[2], cfg[3], 256)
         case_kw = dict(batch_size=256, sample_block=sb, n_hot_max=nh)
@@ -197,6 +242,19 @@ def test_switches_match_reference(cuda, cfg, switch):
     dl = _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=put_kw, **kw)
     if switch == "stream":
         assert not dl.resident and len(dl.chunks) > 3
+
+
+@pytest.mark.parametrize("variant", ["no_replicas", "global_accumulators"])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
+def test_ablation_entry_point_matches_reference(cuda, cfg, variant):
+    """The benchmarks' ablation entry point with one worker (a cluster of
+    ``cluster_for(1)`` blocks, in order) computes what the reference does."""
+    from sklearn_cuwide._backends._cuda._ablation import run_epoch_ablation
+
+    rng = np.random.default_rng()
+    X, y, sw, layout, state, params = make_case(rng, cfg)
+    _check_epoch(cuda, rng, layout, y, sw, state, params, epoch=run_epoch_ablation,
+                 variant=variant)
 
 
 def test_resident_second_epoch_and_hogwild(cuda):
@@ -216,10 +274,15 @@ def test_resident_second_epoch_and_hogwild(cuda):
         args = (cp.asarray(y[ro].astype(np.float32)), cp.asarray(sw[ro].astype(np.float32)),
                 batch_weights(layout, sw[ro]))
         ls = []
+        # True: one plain block in order; False: the estimators' default grid;
         # "cluster": concurrent workers of 4-block clusters
-        kw = dict(cluster=4, grid=4) if det == "cluster" else dict(deterministic=det)
+        epoch, kw = cuda.run_epoch, {}
+        if det is True:
+            epoch, kw = _diagnostic(), dict(workers=1, cluster=1)
+        elif det == "cluster":
+            epoch, kw = _diagnostic(), dict(workers=4, cluster=4)
         for _ in range(3):
-            ls.append(cuda.run_epoch(dl, *args, st, params, order, **kw))
+            ls.append(epoch(dl, *args, st, params, order, **kw))
         assert dl.resident and dl.uploaded
         losses[det] = ls
     for mode in (False, "cluster"):
@@ -365,7 +428,8 @@ def test_fused_objective_declines_other_losses(cuda):
 
 
 def test_layout_from_device_tiles_full_fit(cuda):
-    """A multi-epoch fit through fit_minibatch on the GPU lands near the CPU's."""
+    """A multi-epoch fit through fit_minibatch on the GPU, one worker (the
+    estimators' ``concurrency=1``), lands near the CPU's."""
     from sklearn_cuwide._solvers import fit_minibatch
     from sklearn_cuwide._state import ModelState, StepParams
 
@@ -373,7 +437,7 @@ def test_layout_from_device_tiles_full_fit(cuda):
     X, y, sw = random_problem(rng, n=30000, d=1001, density=0.01)
     params = StepParams(model="fm", loss="logistic", solver="adagrad", learning_rate=0.05)
     res = {}
-    for name, be, opts in (("cpu", _cpu, None), ("gpu", cuda, {"deterministic": True})):
+    for name, be, opts in (("cpu", _cpu, None), ("gpu", cuda, {"workers": 1})):
         sb, nh = be.tile_shape(params, 1, 8, 512)
         L = build_layout(X, batch_size=512, sample_block=sb, n_hot_max=nh, shuffle=True, random_state=0)
         st = ModelState.zeros(X.shape[1], 1, 8, adagrad=True, init_scale=0.01, random_state=0)
@@ -456,7 +520,7 @@ def test_classic_kernel_matches_per_sample_reference(cuda, model):
         w[nz] -= 0.05 * gw
         b -= 0.05 * d
     dst = cuda.put_state(st)
-    from sklearn_cuwide._backends._cuda._classic import run_epoch_classic
+    from sklearn_cuwide._backends._cuda._ablation import run_epoch_classic
 
     run_epoch_classic(cpsp.csr_matrix(X), cp.asarray(y.astype(np.float32)),
                       cp.asarray(sw.astype(np.float32)), dst, params, order,

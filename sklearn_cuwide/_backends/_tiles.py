@@ -1,10 +1,15 @@
 """Tile sizing: how many rows a sample block holds and how many hot features
-a thread block caches, from the shared memory of one multiprocessor.
+a thread block caches, from the shared memory of one multiprocessor; and the
+training kernel's scalar arguments, :data:`STEP_ARGS`.
 
 Shared by both backends so that the CPU reference walks the same tiles as
 the kernels (the CPU backend assumes an H200's 228 KiB per multiprocessor).
 The byte count mirrors the shared-memory carve-up in ``cuda/cuwide_train.cu``.
+Plain numpy (no cupy): ``tests/test_cuda_sources.py`` checks :data:`STEP_ARGS`
+and :func:`replicas_of_width` against the CUDA source with nvcc alone.
 """
+
+import numpy as np
 
 #: threads per block of the training kernel
 THREADS = 512
@@ -36,10 +41,15 @@ def hot_width(params, n_outputs, n_factors):
 
 def replicas(params, n_outputs, n_factors):
     """Copies of each hot gradient accumulator (fewer atomic conflicts)."""
-    w = hot_width(params, n_outputs, n_factors)
-    if w == 1:
+    return replicas_of_width(hot_width(params, n_outputs, n_factors))
+
+
+def replicas_of_width(hot_width):
+    """:func:`replicas` for ``hot_width`` model floats per hot feature: the
+    kernel's compile-time ``hot_replicas`` (``cuda/cuwide_train.cu``)."""
+    if hot_width == 1:
         return 4
-    if w <= 17:
+    if hot_width <= 17:
         return 2
     return 1
 
@@ -75,3 +85,41 @@ def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):
     left = avail - 4 * rs * sb
     n_hot = max(0, min(MAX_HOT, left // (4 * hw * (1 + rep) + 4)))
     return int(sb), int(n_hot)
+
+
+# --------------------------------------------------------------------------
+# the training kernel's scalar arguments
+# --------------------------------------------------------------------------
+#: ``cuwide::StepArgs`` of ``cuda/cuwide_train.cu``, field by field, in its
+#: order: (name, C type).  The struct documents each field.
+STEP_ARGS_FIELDS = (
+    ("nnz_base", "long long"),
+    ("n_work", "int"),
+    ("sample_block", "int"),
+    ("n_hot", "int"),
+    ("n_scaled", "int"),
+    ("gstride", "int"),
+    ("pstride", "int"),
+    ("lr", "float"),
+    ("l2w", "float"),
+    ("l2v", "float"),
+    ("l1", "float"),
+    ("eps", "float"),
+    ("bscale", "float"),
+    ("fit_intercept", "int"),
+    ("fit_linear", "int"),
+)
+
+_NUMPY_OF_C = {"int": np.int32, "long long": np.int64, "float": np.float32}
+
+#: The numpy structured dtype of ``cuwide::StepArgs``: the same field order,
+#: offsets and size as the C struct (``align=True`` lays the fields out as a
+#: C compiler does).  A one-element array of it is the kernel's argument,
+#: passed by value.
+STEP_ARGS = np.dtype(
+    {
+        "names": [name for name, _ in STEP_ARGS_FIELDS],
+        "formats": [_NUMPY_OF_C[c] for _, c in STEP_ARGS_FIELDS],
+    },
+    align=True,
+)

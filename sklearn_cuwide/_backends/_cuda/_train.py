@@ -1,5 +1,13 @@
 """The flow-based training kernel (``cuda/cuwide_train.cu``) and its launcher,
-:func:`run_epoch`."""
+:func:`run_epoch`, the one the estimators call.
+
+The kernel takes the layout's and the model's arrays as pointers and the
+scalars as one ``cuwide::StepArgs``, passed by value: a one-element numpy
+array of :data:`sklearn_cuwide._backends._tiles.STEP_ARGS` (cupy hands a
+numpy array of one element to a kernel by value).  The benchmarks' ablation
+and the tests' diagnostic runs go through the same launcher, :func:`_epoch`,
+from :mod:`._ablation`.
+"""
 
 import cupy as cp
 import numpy as np
@@ -15,14 +23,23 @@ _LOSS = {
     "squared": "cuwide::SQUARED",
 }
 _SOLVER = {"sgd": "cuwide::SGD", "adagrad": "cuwide::ADAGRAD"}
+#: the ablation variants of the kernel (``cuwide::Variant``): None is the
+#: estimators' kernel
+VARIANTS = {
+    "no_replicas": "cuwide::NO_REPLICAS",
+    "global_accumulators": "cuwide::GLOBAL_ACCUMULATORS",
+}
 
 
 def _n_factors(state):
     return 0 if state.V is None else int(state.V.shape[1])
 
 
-#: packed buffer's device address -> token of the penalty factors it holds
-_PACKED_FOR = {}
+# --------------------------------------------------------------------------
+# Adagrad's sums and the penalty factors in one buffer
+# --------------------------------------------------------------------------
+#: key of :func:`pack_penalty`'s record in the device state's ``extra``
+_PACKED = "cuda_packed_gw"
 
 
 def pack_penalty(state, dl):
@@ -32,31 +49,38 @@ def pack_penalty(state, dl):
     feature's sums and factor from one 32-byte sector instead of two.
 
     ``state.gw`` becomes a view of the buffer's first columns (made once per
-    state; the factors are written again only when the layout changes).
+    state); the factors are written again only when the layout's factors
+    change.  The buffer and the token of the factors it holds are recorded in
+    ``state.extra`` (the device state's, so they go with it).
     Returns (gw buffer, gstride, factors, pstride) for the kernel.
     """
     pscale = dl.penalty_scale()
-    gw = state.gw
-    n, k = gw.shape
-    base = _packed_base(gw)
-    if base is None:
+    rec = _packed(state)
+    if rec is None:
+        gw = state.gw
+        n, k = gw.shape
         base = cp.empty((n, k + 1), dtype=gw.dtype)
         base[:, :k] = gw
         state.gw = base[:, :k]
-        _PACKED_FOR[base.data.ptr] = None
-    if _PACKED_FOR.get(base.data.ptr) != dl._pscale_token:
+        rec = state.extra[_PACKED] = {"buffer": base, "token": None}
+    base = rec["buffer"]
+    k = base.shape[1] - 1
+    if rec["token"] != dl._pscale_token:
         base[:, k] = pscale
-        _PACKED_FOR[base.data.ptr] = dl._pscale_token
+        rec["token"] = dl._pscale_token
     return base, k + 1, base.ravel()[k:], k + 1
 
 
-def _packed_base(gw):
-    """The buffer :func:`pack_penalty` made, when ``gw`` is its view; else None."""
-    base = gw.base
-    n, k = gw.shape
-    if (base is not None and base.data.ptr in _PACKED_FOR and base.shape == (n, k + 1)
-            and gw.data.ptr == base.data.ptr):
-        return base
+def _packed(state):
+    """The record of the buffer :func:`pack_penalty` made for ``state``, when
+    ``state.gw`` is still its view; else None (a stale record is dropped)."""
+    rec = state.extra.get(_PACKED)
+    if rec is None:
+        return None
+    base, gw = rec["buffer"], state.gw
+    if gw is not None and gw.base is base and gw.shape == (base.shape[0], base.shape[1] - 1):
+        return rec
+    del state.extra[_PACKED]
     return None
 
 
@@ -64,9 +88,9 @@ def _gw_argument(state):
     """(buffer, stride) of Adagrad's sums of the linear weights for the
     training kernel, without the penalty factors: a packed state passes its
     buffer (stride n_outputs + 1), any other a C-contiguous array."""
-    base = _packed_base(state.gw)
-    if base is not None:
-        return base, base.shape[1]
+    rec = _packed(state)
+    if rec is not None:
+        return rec["buffer"], rec["buffer"].shape[1]
     return _dense_gw(state), state.gw.shape[1]
 
 
@@ -79,10 +103,14 @@ def _dense_gw(state):
     return state.gw
 
 
-def train_kernel(params, n_outputs, n_factors, cluster=1, acc_global=False):
-    """The training kernel; ``cluster > 1``: the variant whose workers are
-    thread block clusters of that many blocks; ``acc_global``: the ablation
-    whose per-sample accumulators are in global memory."""
+# --------------------------------------------------------------------------
+# the kernel and its launcher
+# --------------------------------------------------------------------------
+def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
+    """The training kernel: ``cuwide_train``, or with ``cluster > 1`` the
+    one whose workers are thread block clusters of that many blocks;
+    ``variant`` (a key of :data:`VARIANTS`): the ablation kernel with that
+    optimisation off."""
     model = params.model
     args = [
         _MODEL[model],
@@ -91,59 +119,71 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, acc_global=False):
         _SOLVER[params.solver],
         _LOSS[params.loss],
     ]
-    name = "cuwide_train"
+    name = "cuwide_train" if variant is None else "cuwide_train_ablation"
     if cluster > 1:
-        name, args = "cuwide_train_cluster", args + [int(cluster)]
-    return get_kernel("cuwide_train.cu", kernel_name(name, *args, 1 if acc_global else 0))
+        name, args = name + "_cluster", args + [int(cluster)]
+    if variant is not None:
+        args.append(VARIANTS[variant])
+    return get_kernel("cuwide_train.cu", kernel_name(name, *args))
 
 
-def run_epoch(
-    dl,
-    y,
-    sw,
-    batch_weight,
-    state,
-    params,
-    batch_order,
-    *,
-    deterministic=False,
-    n_rep=None,
-    acc_global=False,
-    grid=None,
-    staleness="auto",
-    ramp=0,
-    skip=0,
-    cluster=None,
-):
+def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0):
     """One pass over the mini-batches with the flow-based kernel.
 
-    ``deterministic=True`` runs one thread block that applies the
-    mini-batches strictly in ``batch_order`` (the CPU backend's semantics);
-    otherwise every multiprocessor takes mini-batches concurrently
-    (Hogwild, lock-free atomic updates), with each feature's step scaled
-    down by the number of blocks expected to update it at once
-    (``staleness=True``; ``"sqrt"`` divides by its square root; ``"capC"``
-    leaves features with at most C expected concurrent updaters undamped and
-    scales the others by C / updaters; ``"cap-auto"`` takes C from the
-    number of blocks, ``"cap-step"`` from the learning rate, see
-    :func:`~sklearn_cuwide._backends._concurrency.staleness_cap`).
-    ``ramp=K``: warm up the
-    concurrency, 1, 2, 4, ... blocks, each stage taking ``K`` mini-batches
-    per block, before the full grid (used in the first epoch of a fit: the
-    first steps move the model most, and move it from the freshest weights).  ``n_rep`` and ``acc_global`` are
-    the ablation switches (replicas of the hot accumulators; per-sample
-    accumulators in global memory instead of shared memory); ``skip`` is a
-    profiling bit mask (1 aggregate, 2 hot apply, 4 cold apply, 8 flush;
-    16: the apply reads the nonzeros with plain loads, not streaming ones).
-    ``grid`` counts workers (concurrent mini-batches); ``cluster`` is the
-    thread blocks per worker (1, 2, 4 or 8; default :func:`cluster_for`
-    the workers, 1 with ``deterministic``).  A worker trains its
-    mini-batches in order, so one worker keeps the sequential semantics
-    with any cluster.
-    Returns the sum of ``sample_weight * loss`` (a float; one sync).
+    Parameters
+    ----------
+    layout : DeviceLayout
+    y, sw : device float32 arrays, in the layout's row order
+        Labels (class indices for multinomial) and sample weights.
+    batch_weight : array (n_batches,)
+        Each mini-batch's sum of sample weights (its step is the weighted mean).
+    state : ModelState of device arrays, in the layout's feature order
+        Updated in place.
+    params : StepParams
+    batch_order : array of mini-batch indices
+        The order the mini-batches are taken in.
+    workers : int or None
+        Mini-batches trained at once (lock-free, Hogwild), each feature's
+        step damped by the number of workers expected to update it at once
+        (:func:`~sklearn_cuwide._backends._concurrency.default_staleness`).
+        None: the default grid (every block the device runs at once, but at
+        least MIN_BATCHES_PER_BLOCK mini-batches per worker); 1: one worker
+        that applies the mini-batches strictly in ``batch_order``, the CPU
+        backend's semantics.  A worker is a thread block cluster of
+        :func:`~._runtime.cluster_for` blocks, which trains its mini-batches
+        in order whatever its size.
+    ramp : int
+        The first epoch's warm-up: 1, 2, 4, ... workers before ``workers``,
+        each stage taking ``ramp`` mini-batches per worker (the first steps
+        move the model most, so they are taken from the freshest weights);
+        0: none.
+
+    Returns
+    -------
+    float
+        The sum of ``sample_weight * loss`` over the epoch (one sync).
     """
+    return _epoch(layout, y, sw, batch_weight, state, params, batch_order,
+                  workers=workers, ramp=ramp)
+
+
+def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0,
+           cluster=None, staleness="auto", variant=None):
+    """The launcher behind :func:`run_epoch` and :mod:`._ablation`'s entry
+    points: ``cluster`` forces the thread blocks per worker (1, 2, 4 or 8;
+    None: :func:`cluster_for` the workers), ``staleness`` the step policy
+    under concurrency (``"auto"``: the default one), ``variant`` an ablation
+    kernel (a key of :data:`VARIANTS`; None: the estimators' kernel)."""
     D = state.n_outputs
     k = _n_factors(state)
+    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
+        raise ValueError(f"workers must be None or an int >= 1, got {workers!r}")
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)} or None, got {variant!r}")
+    for name, a in (("y", y), ("sw", sw)):
+        # the kernel reads them as floats, by address
+        if not (isinstance(a, cp.ndarray) and a.dtype == cp.float32 and a.flags.c_contiguous):
+            raise TypeError(f"{name} must be a C-contiguous float32 cupy array")
     if staleness == "auto":
         staleness = _concurrency.default_staleness(params.model, params.solver)
     if cluster is not None and int(cluster) not in cluster_sizes():
@@ -152,30 +192,28 @@ def run_epoch(
             f"clusters need compute capability 9.0), got {cluster!r}")
 
     def cluster_of(g):
-        if cluster is not None:
-            return int(cluster)
-        return 1 if deterministic else cluster_for(g)
+        return int(cluster) if cluster is not None else cluster_for(g)
 
+    acc_global = variant == "global_accumulators"
     rs = _tiles.row_stride(params, D, k)
     hw = _tiles.hot_width(params, D, k)
-    rep = _tiles.replicas(params, D, k) if n_rep is None else int(n_rep)
+    rep = 1 if variant == "no_replicas" else _tiles.replicas(params, D, k)
     sb = dl.sample_block
     smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
 
     def kernel_of(cl):
-        kern = train_kernel(params, D, k, cl, acc_global=bool(acc_global))
+        kern = train_kernel(params, D, k, cl, variant=variant)
         if smem > kern.max_dynamic_shared_size_bytes:
             kern.max_dynamic_shared_size_bytes = smem
         return kern
 
-    if grid is None:
-        # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
-        # (_concurrency) is trained strictly in order
-        grid = 1 if deterministic else default_grid(dl.n_batches)
+    # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
+    # (_concurrency) is trained strictly in order
+    grid = default_grid(dl.n_batches) if workers is None else int(workers)
     bw = dl.batch_weight_on_device(batch_weight)
     # the kernel gets contiguous buffers and the floats from one feature's
     # Adagrad sums (and penalty factor) to the next
-    gw, gstride, pscale, pstride = NULL, 0, NULL, 1
+    gw, gstride, pscale, pstride = None, 0, None, 1
     if params.penalty_scaled and state.gw is not None:
         gw, gstride, pscale, pstride = pack_penalty(state, dl)
     elif params.penalty_scaled:
@@ -189,55 +227,57 @@ def run_epoch(
         # launch within the device's slots, an explicit cluster within grid's
         most = max(full_grid(), grid * cluster_of(grid))
         acc_buf = cp.empty(most * sb * rs, dtype=cp.float32)
-    null = NULL
-    V = state.V if state.V is not None else null
-    gV = state.gV if state.gV is not None else null
-    gb = state.gb if state.gb is not None else null
+
+    # the scalars every launch of the epoch shares
+    step = np.zeros(1, dtype=_tiles.STEP_ARGS)
+    step["sample_block"] = sb
+    step["n_hot"] = dl.n_hot
+    step["gstride"] = gstride
+    step["pstride"] = pstride
+    step["lr"] = params.learning_rate
+    step["l2w"] = params.l2_w
+    step["l2v"] = params.l2_v
+    step["l1"] = params.l1
+    step["eps"] = params.eps
+    step["fit_intercept"] = int(params.fit_intercept)
+    step["fit_linear"] = int(params.fit_linear)
+
     stream = cp.cuda.get_current_stream()
     batch_order = np.asarray(batch_order, dtype=np.int64)
 
     # the cap of a capped policy comes from the full grid and holds in the
-    # warm-up stages too (their fewer blocks are then damped less or not at all)
+    # warm-up stages too (their fewer workers are then damped less or not at all)
     cap = _concurrency.staleness_cap(staleness, grid, params.learning_rate)
-    # warm-up stages: (blocks, mini-batches), consumed by the first launches
-    stages = [] if deterministic else _concurrency.ramp_stages(ramp, grid)
+    # warm-up stages: (workers, mini-batches), consumed by the first launches
+    stages = _concurrency.ramp_stages(ramp, grid)
 
     def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
-        seq = g == 1
         order = cp.asarray(order_np.astype(np.int32))
-        counter = null if seq else cp.zeros(1, dtype=cp.int32)
+        # one worker takes the mini-batches in order; more take them from a counter
+        counter = None if g == 1 else cp.zeros(1, dtype=cp.int32)
         g = min(g, n_work)
+        fscale, n_scaled, bscale = None, 0, 1.0
         if staleness and g > 1:
             if cap is not None:
                 fscale, n_scaled, bscale = dl.concurrency_scale(g, cap=cap)
             else:
                 power = 0.5 if staleness == "sqrt" else 1.0
                 fscale, n_scaled, bscale = dl.concurrency_scale(g, power)
-        else:
-            fscale, n_scaled, bscale = null, 0, 1.0
+        a = step.copy()
+        a["nnz_base"], a["n_work"] = base, n_work
+        a["n_scaled"], a["bscale"] = n_scaled, bscale
         feat, row, val = arrays
-        cl = cluster_of(g)
-        kernel_of(cl)(
-            (g * cl,),
-            (_tiles.THREADS,),
-            (
-                feat, row, val, np.int64(base),
-                dl.tile_ptr, dl.sblock_row_ptr, dl.batch_sblock_ptr,
-                order, np.int32(n_work), counter,
-                y, sw, bw,
-                state.w, V, state.b, gw, gV, gb,
-                np.int32(sb), np.int32(dl.n_hot), np.int32(rep),
-                acc_buf if acc_buf is not None else null,
-                np.float32(params.learning_rate), np.float32(params.l2_w),
-                np.float32(params.l2_v), np.float32(params.l1), np.float32(params.eps),
-                np.int32(params.fit_intercept), np.int32(params.fit_linear),
-                fscale, np.int32(n_scaled), np.float32(bscale),
-                pscale, np.int32(gstride), np.int32(pstride), np.int32(skip),
-                loss,
-            ),
-            shared_mem=smem,
+        kargs = (
+            feat, row, val, dl.tile_ptr, dl.sblock_row_ptr, dl.batch_sblock_ptr, y, sw, bw,
+            order, counter, state.w, state.V, state.b, gw, state.gV, state.gb, fscale, pscale,
+            loss, a,
         )
+        if variant is not None:
+            kargs += (acc_buf,)
+        kargs = tuple(NULL if x is None else x for x in kargs)  # absent arrays: null pointers
+        cl = cluster_of(g)
+        kernel_of(cl)((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
 
     def launch(order_np, arrays, base):
         while stages and order_np.size:
@@ -250,7 +290,7 @@ def run_epoch(
             else:
                 stages[0] = (P, cnt - take)
         if order_np.size:
-            launch_one(order_np, arrays, base, 1 if deterministic else grid)
+            launch_one(order_np, arrays, base, grid)
 
     if dl.resident and dl.uploaded:
         launch(batch_order, (dl.feat, dl.row, dl.val), 0)
