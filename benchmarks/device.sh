@@ -10,8 +10,8 @@ OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
 [[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
 # the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)
-MEMCHECK_K='epoch_matches_reference or all_hot or classic or (predict_kernel and int32 and float32) or fused or memory_kernels or (cluster and (fm8 or lr-adagrad or mlr or edge))'
-RACECHECK_K='epoch_matches_reference or all_hot or fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
+MEMCHECK_K='epoch_matches_reference or all_hot or classic or packed_penalty or switches_match or ablation_entry or (predict_kernel and int32 and float32) or fused or memory_kernels or (cluster and (fm8 or lr-adagrad or mlr or edge))'
+RACECHECK_K='(epoch_matches_reference and one_block) or all_hot or ablation_entry or fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
 PYTEST="python -m pytest -q -p no:cacheprovider"
 summary=()
 step() {  # name, command...

@@ -340,7 +340,7 @@ def parse_args(argv):
     g.add_argument("--gpu", action="store_true", help="the full GPU run (default with a GPU)")
     g.add_argument("--cpu", action="store_true", help="the small CPU variant")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; the test's)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "suite"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {', '.join(PARTS)} (env always runs)")
     ap.add_argument("--skip", default="",

@@ -128,37 +128,38 @@ class _Probe:
         self._heads.append([])  # a new model starts its epochs
         return self._be.put_state(state)
 
-    def run_epoch(self, dl, y, sw, batch_weight, state, params, batch_order, **opts):
+    def run_epoch(self, dl, y, sw, batch_weight, state, params, batch_order, *,
+                  workers=None, ramp=0):
         be = self._be
+        gpu = None if be.name == "cpu" else _gpu_entry_points()
         if not self._ready:
             be.synchronize()
             self.setup_s = time.perf_counter() - self._t0
-            self._prepare(y, sw, state, params)
-        self.workers = int(opts.get("workers") or 1)
-        if self._variant == "no_replicas":
-            opts["n_rep"] = 1
-        elif self._variant == "global_accumulators":
-            opts["acc_global"] = True
+            self._prepare(y, sw, state, params, gpu)
+        self.workers = int(workers or 1)
 
         def epoch():
             if self._variant == "classic":
-                return be.run_epoch_classic(self._Xc, y, sw, state, params,
-                                            self._rows_of(batch_order))
-            return be.run_epoch(dl, y, sw, batch_weight, state, params, batch_order, **opts)
+                return gpu.run_epoch_classic(self._Xc, y, sw, state, params,
+                                             self._rows_of(batch_order))
+            if self._variant in ("no_replicas", "global_accumulators"):
+                return gpu.run_epoch_ablation(dl, y, sw, batch_weight, state, params,
+                                              batch_order, variant=self._variant,
+                                              workers=workers, ramp=ramp)
+            return be.run_epoch(dl, y, sw, batch_weight, state, params, batch_order,
+                                workers=workers, ramp=ramp)
 
-        if be.name == "cpu":
+        if gpu is None:
             t = time.perf_counter()
             lsum = epoch()
             seconds = time.perf_counter() - t
         else:
-            import cupy as cp
-
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start, stop = gpu.Event(), gpu.Event()
             start.record()
             lsum = epoch()
             stop.record()
             stop.synchronize()
-            seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3
+            seconds = gpu.elapsed_ms(start, stop) / 1e3
         Z = None
         if self._Xe is not None:
             Z = be.decision_function(self._Xe, state.w, state.b, state.V,
@@ -167,7 +168,7 @@ class _Probe:
         self._heads[-1].append((seconds, Z))
         return lsum
 
-    def _prepare(self, y, sw, state, params):
+    def _prepare(self, y, sw, state, params, gpu):
         """Once, before the first epoch (not timed): the evaluation matrix in
         the layout's feature order, the classic schema's CSR in the layout's
         row and feature order, and every training kernel an epoch may
@@ -188,12 +189,12 @@ class _Probe:
             srp, bsp = np.asarray(L.sblock_row_ptr), np.asarray(L.batch_sblock_ptr)
             self._batch_rows = (srp[bsp[:-1]], srp[bsp[1:]])
             # compiled by a launch over no rows (it changes nothing)
-            be.run_epoch_classic(self._Xc, y, sw, state, params, np.empty(0, np.int32))
-        elif be.name != "cpu":
+            gpu.run_epoch_classic(self._Xc, y, sw, state, params, np.empty(0, np.int32))
+        elif gpu is not None:
             k = 0 if state.V is None else int(state.V.shape[1])
-            for cl in be.cluster_sizes():
-                be.train_kernel(params, state.n_outputs, k, cl,
-                                acc_global=self._variant == "global_accumulators")
+            variant = None if self._variant in ("flow", "no_hot_cache") else self._variant
+            for cl in gpu.cluster_sizes():
+                gpu.train_kernel(params, state.n_outputs, k, cl, variant=variant)
         self._ready = True
 
     def _rows_of(self, batch_order):
@@ -213,3 +214,22 @@ class _Probe:
         return EpochTimings(epoch_s=epoch_s, loss=loss, eval_decision=decisions,
                             setup_s=float(self.setup_s or 0.0), workers=self.workers,
                             n_hot=int(self._layout.n_hot) if self._layout is not None else 0)
+
+
+def _gpu_entry_points():
+    """The CUDA backend's ablation and timing entry points (imported when a
+    fit runs there: they import cupy)."""
+    import types
+
+    import cupy as cp
+
+    from ._backends._cuda import _ablation, _runtime, _train
+
+    return types.SimpleNamespace(
+        run_epoch_classic=_ablation.run_epoch_classic,
+        run_epoch_ablation=_ablation.run_epoch_ablation,
+        train_kernel=_train.train_kernel,
+        cluster_sizes=_runtime.cluster_sizes,
+        Event=cp.cuda.Event,
+        elapsed_ms=cp.cuda.get_elapsed_time,
+    )

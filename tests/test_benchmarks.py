@@ -279,6 +279,7 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
     import types
 
     import sklearn_cuwide._base as base
+    import sklearn_cuwide._profiling as profiling
     from sklearn_cuwide._backends import _cpu
 
     X, y, Xe = ctr
@@ -297,22 +298,20 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
         def concurrent_blocks(self, concurrency, params, n_batches):
             return 3
 
-        def default_ramp(self, params):
-            return 2
-
-        def cluster_sizes(self):
-            return (1, 2)
-
-        def train_kernel(self, params, n_outputs, n_factors, cluster=1, acc_global=False):
-            calls["kernels"].append((n_factors, cluster, acc_global))
-
         def run_epoch(self, *a, **opts):
-            calls["run_epoch"].append(opts)
+            calls["run_epoch"].append(dict(opts, variant="flow"))
             return _cpu.run_epoch(*a)
 
-        def run_epoch_classic(self, Xc, y, sw, state, params, order_rows):
-            calls["classic"].append((Xc, np.asarray(order_rows)))
-            return 0.0
+    def run_epoch_ablation(*a, variant, **opts):
+        calls["run_epoch"].append(dict(opts, variant=variant))
+        return _cpu.run_epoch(*a)
+
+    def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
+        calls["kernels"].append((n_factors, cluster, variant))
+
+    def run_epoch_classic(Xc, y, sw, state, params, order_rows):
+        calls["classic"].append((Xc, np.asarray(order_rows)))
+        return 0.0
 
     class Event:
         def record(self):
@@ -321,25 +320,27 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
         def synchronize(self):
             pass
 
-    cupy = types.ModuleType("cupy")
-    cupy.cuda = types.SimpleNamespace(Event=Event,
-                                      get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3)
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    gpu = types.SimpleNamespace(
+        run_epoch_classic=run_epoch_classic, run_epoch_ablation=run_epoch_ablation,
+        train_kernel=train_kernel, cluster_sizes=lambda: (1, 2), Event=Event,
+        elapsed_ms=lambda a, b: (b.t - a.t) * 1e3,
+    )
+    monkeypatch.setattr(profiling, "_gpu_entry_points", lambda: gpu)
     be = Backend()
     monkeypatch.setattr(base, "_fit_device", lambda device, X: ("cuda:0", be))
     fm = GPUFactorizationMachine(n_factors=4, batch_size=256, tol=None, random_state=0)
 
     t = time_epochs(fm, X, y, epochs=2, variant="no_replicas", eval_X=Xe)
-    assert [o.get("n_rep") for o in calls["run_epoch"]] == [1, 1]
-    assert [o["grid"] for o in calls["run_epoch"]] == [3, 3] and t.workers == 3
-    assert "ramp" in calls["run_epoch"][0] and "ramp" not in calls["run_epoch"][1]
-    assert calls["kernels"] == [(4, 1, False), (4, 2, False)]
+    assert [o["variant"] for o in calls["run_epoch"]] == ["no_replicas"] * 2
+    assert [o["workers"] for o in calls["run_epoch"]] == [3, 3] and t.workers == 3
+    assert calls["run_epoch"][0]["ramp"] > 0 and calls["run_epoch"][1]["ramp"] == 0
+    assert calls["kernels"] == [(4, 1, "no_replicas"), (4, 2, "no_replicas")]
     assert len(t.epoch_s) == len(t.eval_decision) == 2 and t.n_hot > 0
     calls["run_epoch"].clear()
     calls["kernels"].clear()
     t = time_epochs(fm, X, y, epochs=1, variant="global_accumulators")
-    assert calls["run_epoch"][0]["acc_global"] is True
-    assert calls["kernels"] == [(4, 1, True), (4, 2, True)]
+    assert calls["run_epoch"][0]["variant"] == "global_accumulators"
+    assert calls["kernels"] == [(4, 1, "global_accumulators"), (4, 2, "global_accumulators")]
     assert time_epochs(fm, X, y, epochs=1, variant="no_hot_cache").n_hot == 0
 
     time_epochs(fm, X, y, epochs=2, variant="classic")

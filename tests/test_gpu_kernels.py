@@ -108,7 +108,7 @@ def test_packed_penalty_factors_follow_the_layout(cuda, cfg):
     other factors) and then a third epoch on the first matches the float64
     reference's three epochs: the factors are rewritten when the layout
     changes, and the packed sums persist between epochs.  The buffer's
-    bookkeeping is the device state's (``state.extra``), not a global's."""
+    bookkeeping is the device state's (``state.packed``), not a global's."""
     import cupy as cp
 
     from sklearn_cuwide._backends._cuda import _train
@@ -133,7 +133,7 @@ def test_packed_penalty_factors_follow_the_layout(cuda, cfg):
                              batch_weights(lay, sw[ro]), st, params, order,
                              workers=1, cluster=1)
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
-        rec = st.extra[_train._PACKED]
+        rec = st.packed
         assert rec["token"] == dls[which]._pscale_token
         assert st.gw.base is rec["buffer"]
     assert not st.gw.flags.c_contiguous  # the packed view
@@ -437,13 +437,13 @@ def test_layout_from_device_tiles_full_fit(cuda):
     X, y, sw = random_problem(rng, n=30000, d=1001, density=0.01)
     params = StepParams(model="fm", loss="logistic", solver="adagrad", learning_rate=0.05)
     res = {}
-    for name, be, opts in (("cpu", _cpu, None), ("gpu", cuda, {"workers": 1})):
+    for name, be in (("cpu", _cpu), ("gpu", cuda)):
         sb, nh = be.tile_shape(params, 1, 8, 512)
         L = build_layout(X, batch_size=512, sample_block=sb, n_hot_max=nh, shuffle=True, random_state=0)
         st = ModelState.zeros(X.shape[1], 1, 8, adagrad=True, init_scale=0.01, random_state=0)
         st, n_iter, curve, _ = fit_minibatch(
             L, y, sw, st, params, backend=be, max_iter=3, shuffle=True, random_state=0,
-            backend_options=opts,
+            workers=1,
         )
         res[name] = (st, curve)
     np.testing.assert_allclose(res["gpu"][1], res["cpu"][1], rtol=1e-3)

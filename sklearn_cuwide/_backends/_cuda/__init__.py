@@ -11,8 +11,10 @@ modules mirror ``cuda/``:
 * :mod:`._predict` -- ``cuwide_predict.cu``, decision values from CSR;
 * :mod:`._lbfgs` -- ``cuwide_lbfgs.cu`` and the full-batch products;
 * :mod:`._validate` -- checks of cupy / cupyx input, on the device;
-* :mod:`._classic` -- ``cuwide_classic.cu``, the classic schema: the
-  benchmarks' ablation baseline, never used by the estimators.
+* :mod:`._upload` -- the pinned double-buffered uploader of the layout;
+* :mod:`._ablation` -- the benchmarks' ablation, never used by the
+  estimators: ``cuwide_classic.cu`` (the classic schema) and the flow
+  kernel with one optimisation off.
 """
 
 import cupy as cp

@@ -1,6 +1,8 @@
 """The CUDA backend's device: which GPU, its properties, and moving arrays,
 matrices and model states between the host and it."""
 
+from dataclasses import dataclass
+
 import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
@@ -114,8 +116,18 @@ def put_csr(X, dtype=None):
     return canonical_csr(X, dtype)
 
 
+@dataclass
+class DeviceState(ModelState):
+    """A model state on the device, with the CUDA backend's bookkeeping of
+    it: ``packed``, the buffer that holds Adagrad's sums of the linear
+    weights beside the layout's penalty factors, and the token of the
+    factors it holds (see :func:`._train.pack_penalty`), or None."""
+
+    packed: dict = None
+
+
 def put_state(state):
-    out = ModelState(w=None, b=None)
+    out = DeviceState(w=None, b=None)
     for k, a in state.arrays().items():
         setattr(out, k, cp.ascontiguousarray(cp.asarray(a)))
     return out

@@ -38,10 +38,6 @@ def _n_factors(state):
 # --------------------------------------------------------------------------
 # Adagrad's sums and the penalty factors in one buffer
 # --------------------------------------------------------------------------
-#: key of :func:`pack_penalty`'s record in the device state's ``extra``
-_PACKED = "cuda_packed_gw"
-
-
 def pack_penalty(state, dl):
     """Adagrad's sums of the linear weights and the layout's penalty factors
     in one device buffer of shape (n_features, n_outputs + 1), the factors in
@@ -51,7 +47,7 @@ def pack_penalty(state, dl):
     ``state.gw`` becomes a view of the buffer's first columns (made once per
     state); the factors are written again only when the layout's factors
     change.  The buffer and the token of the factors it holds are recorded in
-    ``state.extra`` (the device state's, so they go with it).
+    ``state.packed`` (a :class:`._runtime.DeviceState`: they go with it).
     Returns (gw buffer, gstride, factors, pstride) for the kernel.
     """
     pscale = dl.penalty_scale()
@@ -62,7 +58,7 @@ def pack_penalty(state, dl):
         base = cp.empty((n, k + 1), dtype=gw.dtype)
         base[:, :k] = gw
         state.gw = base[:, :k]
-        rec = state.extra[_PACKED] = {"buffer": base, "token": None}
+        rec = state.packed = {"buffer": base, "token": None}
     base = rec["buffer"]
     k = base.shape[1] - 1
     if rec["token"] != dl._pscale_token:
@@ -74,13 +70,13 @@ def pack_penalty(state, dl):
 def _packed(state):
     """The record of the buffer :func:`pack_penalty` made for ``state``, when
     ``state.gw`` is still its view; else None (a stale record is dropped)."""
-    rec = state.extra.get(_PACKED)
+    rec = state.packed
     if rec is None:
         return None
     base, gw = rec["buffer"], state.gw
     if gw is not None and gw.base is base and gw.shape == (base.shape[0], base.shape[1] - 1):
         return rec
-    del state.extra[_PACKED]
+    state.packed = None
     return None
 
 
