@@ -3,7 +3,8 @@
 #   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench (default: all)
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
 # benchmarks/results/device); a summary table is printed last.  The real
-# datasets, carried as the ignored folder .data, reach every step.
+# datasets, carried as the ignored folder .data, reach every step.  A copy of
+# the tree whose .git is stale gives the commit as BENCH_COMMIT (in the results).
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results/device}

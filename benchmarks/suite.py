@@ -94,12 +94,18 @@ def part_env(ctx, argv):
                                     if ln.startswith("model name"))
     except Exception:
         pass
-    try:
-        env["git_commit"] = _git("rev-parse", "HEAD").strip() or None
-        env["git_dirty_files"] = len([x for x in _git("status", "--porcelain").splitlines()
-                                      if x.strip()])
-    except Exception:
-        env["git_commit"] = None
+    # BENCH_COMMIT names the commit where the tree's .git cannot (a copy of
+    # the working tree whose .git is stale, as on a lent GPU machine)
+    if os.environ.get("BENCH_COMMIT"):
+        env["git_commit"] = os.environ["BENCH_COMMIT"]
+        env["git_dirty_files"] = "given by BENCH_COMMIT"
+    else:
+        try:
+            env["git_commit"] = _git("rev-parse", "HEAD").strip() or None
+            env["git_dirty_files"] = len([x for x in _git("status", "--porcelain").splitlines()
+                                          if x.strip()])
+        except Exception:
+            env["git_commit"] = None
     if ctx.gpu:
         try:
             import cupy as cp
