@@ -239,14 +239,14 @@ class _CuWideEstimator(BaseEstimator):
         the prediction runs on the backend that made it.
         """
         self._gpu_cache = {
-            "backend": backend.name,
+            "backend": backend,
             "src": self._public_arrays(),
             "heads": _heads_to_device(backend, self._heads()),
         }
 
     def _valid_gpu_cache(self, backend):
         cache = self.__dict__.get("_gpu_cache")
-        if cache is None or cache["backend"] != backend.name:
+        if cache is None or cache["backend"] is not backend:
             return None
         src = self._public_arrays()
         if len(src) != len(cache["src"]) or any(
