@@ -2,12 +2,12 @@
 # Everything that needs the GPU, from the repository root, in one device call:
 #   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench (default: all)
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
-# benchmarks/results/device); a summary table is printed last.  The real
+# /tmp/cuwide-device); a summary table is printed last.  The real
 # datasets, carried as the ignored folder .data, reach every step.  A copy of
 # the tree whose .git is stale gives the commit as BENCH_COMMIT (in the results).
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results/device}
+OUT=${OUT:-/tmp/cuwide-device}
 mkdir -p "$OUT"
 [[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
 # the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)

@@ -80,7 +80,7 @@ def panel_title(ax, x, y, text):
 # top: the path of a fit
 # --------------------------------------------------------------------------
 def draw_pipeline(ax):
-    panel_title(ax, 1, 95.5, "The modules, in the order a fit goes through them")
+    panel_title(ax, 1, 95.5, "The modules, in the order a mini-batch fit goes through them (L-BFGS: estimators -> solvers -> backends)")
     y, h = 79.0, 15.5
     specs = [
         ("Estimators", "_logistic.py, _fm.py\n_base.py: parameters,\ninput checks, device,\n"
