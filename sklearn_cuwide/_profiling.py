@@ -26,25 +26,69 @@ VARIANTS = ("flow", "classic", "no_hot_cache", "no_replicas", "global_accumulato
 
 @dataclass
 class EpochTimings:
-    epoch_s: list       # device time of each epoch's training (CUDA events around the epoch's launches on the GPU; wall clock on the CPU)
-    loss: list          # mean training loss of each epoch, as fit() reports in loss_curve_
-    eval_decision: list # per epoch, the decision values (numpy, shape (n_eval,) or (n_eval, n_outputs)) of eval_X after that epoch; [] when eval_X is None
-    setup_s: float      # wall clock from the call to the first epoch (validation, layout build, upload, initial state)
-    workers: int        # concurrent mini-batches of the epochs (1 on the CPU)
-    n_hot: int          # hot features of the layout
+    """What :func:`time_epochs` measured.
+
+    Attributes
+    ----------
+    epoch_s : list of float
+        Each epoch's training time: CUDA events around the epoch's launches
+        on the GPU, the wall clock on the CPU.
+    loss : list of float
+        The mean training loss of each epoch, as ``loss_curve_`` reports it.
+    eval_decision : list of ndarray
+        Per epoch, the decision values of ``eval_X`` after it (shape
+        ``(n_eval,)`` or ``(n_eval, n_outputs)``); empty without ``eval_X``.
+    setup_s : float
+        Wall clock from the call to the first epoch: the input checks, the
+        layout's build and upload, the initial state.
+    workers : int
+        Mini-batches trained at once (1 on the CPU).
+    n_hot : int
+        Hot features of the layout.
+    """
+
+    epoch_s: list
+    loss: list
+    eval_decision: list
+    setup_s: float
+    workers: int
+    n_hot: int
 
 
-def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None, sample_weight=None) -> EpochTimings:
-    """Train a mini-batch estimator's model for `epochs` epochs exactly as its fit() would (same input checks, layout, initial state, step parameters, concurrency, device), timing each epoch.
-    estimator: an unfitted GPULogisticRegression (solver "sgd" or "adagrad"), GPUFactorizationMachine or GPUFactorizationMachineRegressor; its parameters define the model; it is not modified.
-    variant: "flow" (the estimators' kernel), or a paper-style ablation (GPU only): "classic" (the per-sample classic schema), "no_hot_cache" (n_hot = 0), "no_replicas" (one replica of the hot accumulators), "global_accumulators" (per-sample accumulators in global memory). A variant other than "flow" on the CPU backend raises ValueError.
+def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
+                sample_weight=None) -> EpochTimings:
+    """Train a mini-batch estimator's model as its ``fit`` would, timing
+    each epoch.
 
-    Exactly ``epochs`` epochs run on all rows: ``tol`` and early stopping
-    are not applied (fit with ``tol=None, early_stopping=False`` trains the
-    same model), and ``warm_start`` is ignored.  The first epoch holds the
-    concurrency warm-up of a fresh model and, when the layout streams in,
-    its upload.  The training kernels are compiled before the first epoch
-    (not timed), the evaluation of ``eval_X`` runs outside the timed span.
+    The same input checks, layout, initial state, step parameters,
+    concurrency and device as ``fit``.  Exactly ``epochs`` epochs run on all
+    rows: ``tol`` and early stopping are not applied (``fit`` with
+    ``tol=None, early_stopping=False`` trains the same model), and
+    ``warm_start`` is ignored.  The first epoch holds the concurrency warm-up
+    of a fresh model and, when the layout streams in, its upload.  The
+    training kernels are compiled before the first epoch (not timed); the
+    evaluation of ``eval_X`` runs outside the timed span.
+
+    Parameters
+    ----------
+    estimator : GPULogisticRegression, GPUFactorizationMachine or GPUFactorizationMachineRegressor
+        Unfitted, with a mini-batch solver (``"sgd"`` or ``"adagrad"``); its
+        parameters define the model.  It is not modified.
+    X, y : training data, as ``fit`` takes them
+    epochs : int
+    variant : str
+        ``"flow"``, the estimators' kernel, or a paper-style ablation (GPU
+        only): ``"classic"`` (the per-sample classic schema),
+        ``"no_hot_cache"`` (no hot features), ``"no_replicas"`` (one copy of
+        the hot gradient accumulators), ``"global_accumulators"`` (per-sample
+        accumulators in global memory).
+    eval_X : matrix or None
+        Rows whose decision values are recorded after every epoch.
+    sample_weight : array or None
+
+    Returns
+    -------
+    EpochTimings
     """
     from ._backends import get_backend
     from ._base import _check_fit_data, _check_predict_data, _fit_device
