@@ -23,6 +23,7 @@ from . import _device
 from ._backends import get_backend
 from ._minibatch import Schedule
 from ._sparse import canonical_csr
+from ._validation import check_sparse_structure
 
 __all__ = []
 
@@ -62,11 +63,26 @@ def _to_host_if_cupy(a):
     """Bring a cupy array or cupyx sparse matrix to the host (else no-op).
 
     Used for ``y`` and ``sample_weight`` (small), and for ``X`` when the fit
-    or the prediction runs on the CPU backend.
+    or the prediction runs on the CPU backend (through :func:`_checked_host_X`,
+    which checks a sparse ``X``'s structure first).
     """
     if a is not None and _device.is_cupy_array(a):
         return a.get()
     return a
+
+
+def _checked_host_X(X):
+    """``X`` on the host, a sparse ``X``'s structure checked first where it
+    lives (:func:`sklearn_cuwide._validation.check_sparse_structure`: on the
+    GPU for a cupyx matrix, so that a corrupt one gets the same message as
+    on the host, not scipy's, nor a crash of its conversions)."""
+    if _device.is_cupy_array(X):
+        import cupy
+
+        check_sparse_structure(X, xp=cupy)
+        return X.get()
+    check_sparse_structure(X)
+    return X
 
 
 def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=False):
@@ -75,11 +91,19 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
     Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D numpy)
     and the sample weights as a new float64 numpy array (ones when ``None``).
 
+    A sparse ``X``'s structure (``indptr``, every index in range) is checked
+    first, before anything reads it
+    (:func:`sklearn_cuwide._validation.check_sparse_structure`), then ``X``
+    as scikit-learn's ``check_array(X, accept_sparse=["csr", "csc", "coo"],
+    dtype=[float32, float64])`` does: float32 and float64 are kept, other
+    dtypes (integers, bool, float16) become float32.
+
     ``backend``: the backend the fit runs on.  When it holds ``X`` (a cupy
     array or a cupyx sparse matrix on the CUDA backend), ``X`` is validated on
     the device and returned as a canonical cupyx CSR matrix (no host round
     trip); ``y`` and ``sample_weight`` come to the host.  On the CPU backend
-    cupy input is copied to the host first and validated there.
+    cupy input is checked on its device, then copied to the host and
+    validated there.  The user's arrays are never modified.
     """
     if backend.holds(X):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
@@ -97,7 +121,7 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         # sample weights only need the number of rows of X
         sw_like = np.empty((X.shape[0], 0))
     else:
-        X, y = (_to_host_if_cupy(a) for a in (X, y))
+        X, y = _checked_host_X(X), _to_host_if_cupy(y)
         X, y = validate_data(
             est,
             X,
@@ -124,14 +148,17 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
 def _check_predict_data(est, X, backend):
     """Validate ``X`` for prediction (the estimator is already fitted).
 
+    The same checks as :func:`_check_fit_data` (a sparse ``X``'s structure
+    first), and ``X``'s number of features against the fit's.
     ``backend``: the backend the prediction runs on; cupy / cupyx ``X`` is
     validated on the device when it is a GPU backend (a canonical cupyx CSR
-    matrix is returned), and copied to the host otherwise.
+    matrix is returned), and checked on its device then copied to the host
+    otherwise.
     """
     if backend.holds(X):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
         return validate_data(est, X, reset=False, skip_check_array=True)
-    X = _to_host_if_cupy(X)
+    X = _checked_host_X(X)
     return validate_data(
         est,
         X,

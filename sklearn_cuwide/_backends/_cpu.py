@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from .._layout import penalty_scale
 from .._loss import pointwise_loss
 from .._sparse import canonical_csr
+from .._validation import check_sparse_structure
 
 name = "cpu"
 xp = np
@@ -56,9 +57,14 @@ def holds(X):
 
 def validate_input(X, estimator_name=None):
     """``X`` checked as scikit-learn's ``check_array`` does, as a canonical
-    CSR matrix of float32 or float64."""
+    CSR matrix of float32 or float64.
+
+    A sparse ``X``'s structure is checked first
+    (:func:`sklearn_cuwide._validation.check_sparse_structure`: ``indptr``
+    and every index in range), before scipy reads it."""
     from sklearn.utils import check_array
 
+    check_sparse_structure(X)
     X = check_array(X, accept_sparse=["csr", "csc", "coo"],
                     dtype=[np.float32, np.float64], accept_large_sparse=True,
                     estimator=estimator_name, input_name="X")

@@ -1,0 +1,262 @@
+"""The structure check of sparse input, and its error messages.
+
+scipy and cupyx check little of a sparse matrix's structure when it is
+built (scipy checks the indices of a matrix given as ``(data, indices,
+indptr)`` only in ``check_format(full_check=True)``) and nothing when its
+arrays are replaced afterwards, as a feature hasher declared with the wrong
+width or a hand-built matrix can leave them.  The kernels, scipy's own
+conversions and this package's layout trust the structure: a column index
+outside ``[0, n_features)`` is read out of bounds (garbage or a crash), a
+decreasing ``indptr`` is an internal error far from its cause.
+
+:func:`check_sparse_structure` is the one check, done once on a fit's or a
+prediction's input before anything reads it: on the host with numpy, and on
+the GPU with cupy for cupy input (:mod:`sklearn_cuwide._backends._cuda._validate`
+calls it with ``xp=cupy``), where it costs one transfer of four numbers.
+The messages are written here only, so both backends say the same words.
+
+What it checks, for CSR and CSC (``major``: rows of CSR, columns of CSC):
+
+* the index arrays are 1-D arrays of integers;
+* ``indptr`` has ``n_major + 1`` entries, starts at 0, never decreases and
+  ends at ``len(indices) == len(data)``;
+* every index is in ``[0, n_minor)``;
+
+and for COO: ``row``, ``col`` and ``data`` have one length, every row in
+``[0, n_samples)`` and every column in ``[0, n_features)``.
+
+Its cost: one reduction over the indices (the maximum of their bits read as
+unsigned integers: a negative index is then a huge one, so one comparison
+finds both), and one comparison of ``indptr`` with itself shifted by one;
+nothing per row in Python.  The offending position is looked for only when the check fails.
+Unsorted indices and duplicates are valid: :func:`sklearn_cuwide._sparse.canonical_csr`
+makes them canonical afterwards, in a copy.
+"""
+
+import numpy as np
+
+__all__ = ["check_sparse_structure", "CHECKED_FORMATS", "index_width_message"]
+
+#: the sparse formats whose structure is checked (others are converted by
+#: scipy / cupyx from structures those libraries keep valid themselves)
+CHECKED_FORMATS = ("csr", "csc", "coo")
+
+_AXIS = ("row", "column")
+_COUNT = ("n_samples", "n_features")
+
+
+# --------------------------------------------------------------------------
+# the messages (both backends)
+# --------------------------------------------------------------------------
+def _invalid(fmt, detail):
+    return ValueError(f"Invalid {fmt.upper()} matrix X: {detail}")
+
+
+def _index_out_of_range(fmt, shape, axis, attr, k, value, other):
+    """An index of ``axis`` (0: a row index, 1: a column index), stored at
+    ``attr[k]``, is ``value``; it belongs to the ``other`` axis's entry
+    ``other`` (its row or column)."""
+    name, count, n = _AXIS[axis], _COUNT[axis], shape[axis]
+    return _invalid(
+        fmt,
+        f"{name} index {attr}[{k}] = {value} in {_AXIS[1 - axis]} {other} is "
+        f"out of range; the {name} indices of a matrix of shape {shape} must be "
+        f"in [0, {n}) (0 <= index < {count} = {n}). The matrix is corrupt, or "
+        f"its shape has fewer {name}s than its indices need"
+        + (" (a feature hasher's n_features, for instance)." if axis else "."),
+    )
+
+
+def _bad_index_array(fmt, attr, a):
+    return _invalid(
+        fmt,
+        f"{attr} must be a 1-D array of integers; got an array of shape "
+        f"{tuple(int(s) for s in a.shape)} and dtype {np.dtype(a.dtype)}.",
+    )
+
+
+def _bad_indptr_length(fmt, shape, major, length):
+    n = shape[major]
+    return _invalid(
+        fmt,
+        f"X.indptr has {length} entries, but a matrix of shape {shape} needs "
+        f"{n + 1} (X.shape[{major}] + 1, one more than its {_AXIS[major]}s).",
+    )
+
+
+def _bad_indptr_start(fmt, first):
+    return _invalid(fmt, f"X.indptr[0] = {first}, but X.indptr must start at 0.")
+
+
+def _decreasing_indptr(fmt, major, i, a, b):
+    name = _AXIS[major]
+    return _invalid(
+        fmt,
+        f"X.indptr decreases at {name} {i}: X.indptr[{i}] = {a} > "
+        f"X.indptr[{i + 1}] = {b}; X.indptr must be non-decreasing ({name} i "
+        "holds the entries X.indptr[i]:X.indptr[i + 1]).",
+    )
+
+
+def _bad_indptr_end(fmt, last, n_indices):
+    return _invalid(
+        fmt,
+        f"X.indptr[-1] = {last}, but X.indices has {n_indices} entries; "
+        "X.indptr[-1] must be the number of stored entries, len(X.indices).",
+    )
+
+
+def _bad_lengths(fmt, names, lengths):
+    if len(names) == 2:
+        listed = f"{names[0]} has {lengths[0]} entries and {names[1]} has {lengths[1]}"
+    else:
+        counts = ", ".join(str(n) for n in lengths[:-1])
+        listed = (f"{', '.join(names[:-1])} and {names[-1]} have {counts} and "
+                  f"{lengths[-1]} entries")
+    return _invalid(fmt, f"{listed}; they must have the same length.")
+
+
+def index_width_message(nnz, n_features, cupy_version):
+    """The message of a matrix too large for a cupy that copies sparse
+    matrices to the GPU with int32 indices (cupy before 14.1)."""
+    return (
+        f"X has {nnz} stored entries and {n_features} features, but cupy "
+        f"{cupy_version} copies a sparse matrix to the GPU with int32 indices, "
+        f"which hold at most {2**31 - 1}: both must be below 2**31. Install "
+        "cupy >= 14.1 (it keeps int64 indices), pass X in smaller row chunks "
+        "(partial_fit, or predict on slices of rows), or use device='cpu'."
+    )
+
+
+# --------------------------------------------------------------------------
+# the check
+# --------------------------------------------------------------------------
+def _is_index_array(a):
+    return getattr(a, "ndim", None) == 1 and np.dtype(a.dtype).kind in "iu"
+
+
+def _unsigned_bound(a, n):
+    """``(a as unsigned, bound)``: the entries of the integer array ``a`` are
+    in ``[0, n)`` exactly where ``a as unsigned < bound`` (None: always).
+
+    Read as unsigned integers of its width, a negative entry becomes at
+    least ``2**(bits - 1)``, above any valid entry of a signed array (they
+    are below ``2**(bits - 1)``, hence the bound is clipped there), so one
+    comparison finds both ways out.  A view, no copy.
+    """
+    dt = np.dtype(a.dtype)
+    udt = np.dtype(f"u{dt.itemsize}")
+    limit = np.iinfo(dt).max + 1
+    bound = min(int(n), limit)
+    if dt.kind == "u" and bound >= limit:
+        return a, None  # unsigned, and the shape is wider than the dtype
+    return a.view(udt), udt.type(bound)
+
+
+def _exceeds(xp, a, n):
+    """A 0-d boolean (on ``a``'s device), or None for False: some entry of
+    the integer array ``a`` (not empty) is outside ``[0, n)``.  One reduction
+    (a maximum), no temporary array."""
+    u, bound = _unsigned_bound(a, n)
+    return None if bound is None else xp.max(u) >= bound
+
+
+def _outside(a, n):
+    """The boolean array of ``a``'s entries outside ``[0, n)`` (the error
+    path only)."""
+    u, bound = _unsigned_bound(a, n)
+    return u >= bound if bound is not None else u < 0
+
+
+def _fetch(xp, values):
+    """Python ints of a list of 0-d arrays / numbers (one transfer on a GPU)."""
+    arrays = [v for v in values if not isinstance(v, (int, bool, type(None)))]
+    if arrays:
+        got = iter(xp.stack([xp.asarray(v).astype(xp.int64) for v in arrays]).tolist())
+    out = []
+    for v in values:
+        if v is None or isinstance(v, (int, bool)):
+            out.append(None if v is None else int(v))
+        else:
+            out.append(int(next(got)))
+    return out
+
+
+def check_sparse_structure(X, xp=np):
+    """Raise a ``ValueError`` naming the first corruption of a sparse ``X``.
+
+    ``X``: anything; only 2-D sparse matrices (or arrays) of the formats in
+    :data:`CHECKED_FORMATS` are checked (scipy's with ``xp=numpy``,
+    cupyx's with ``xp=cupy``), others pass.  Nothing is modified.
+
+    Parameters
+    ----------
+    X : object
+    xp : module
+        numpy, or cupy for a cupyx matrix (the check then runs on its GPU).
+    """
+    fmt = getattr(X, "format", None)
+    if fmt not in CHECKED_FORMATS or len(getattr(X, "shape", ())) != 2:
+        return
+    shape = tuple(int(s) for s in X.shape)
+    if fmt == "coo":
+        _check_coo(X, shape, xp)
+    else:
+        _check_compressed(X, fmt, shape, xp)
+
+
+def _check_compressed(X, fmt, shape, xp):
+    major = 0 if fmt == "csr" else 1
+    n_major, n_minor = shape[major], shape[1 - major]
+    indptr, indices, data = X.indptr, X.indices, X.data
+    for attr, a in (("X.indptr", indptr), ("X.indices", indices)):
+        if not _is_index_array(a):
+            raise _bad_index_array(fmt, attr, a)
+    if int(indptr.shape[0]) != n_major + 1:
+        raise _bad_indptr_length(fmt, shape, major, int(indptr.shape[0]))
+    nnz = int(indices.shape[0])
+    n_data = int(data.shape[0]) if getattr(data, "ndim", 0) == 1 else -1
+    # one pass each over indptr and indices; one transfer on a GPU
+    decreasing = xp.any(indptr[1:] < indptr[:-1]) if n_major > 0 else False
+    out_of_range = _exceeds(xp, indices, n_minor) if nnz > 0 else False
+    first, last, decreasing, out_of_range = _fetch(
+        xp, [indptr[0], indptr[-1], decreasing, out_of_range])
+    if first != 0:
+        raise _bad_indptr_start(fmt, first)
+    if decreasing:
+        i = int(xp.argmax(indptr[1:] < indptr[:-1]))
+        a, b = _fetch(xp, [indptr[i], indptr[i + 1]])
+        raise _decreasing_indptr(fmt, major, i, a, b)
+    if last != nnz:
+        raise _bad_indptr_end(fmt, last, nnz)
+    if n_data != nnz:
+        if n_data < 0:
+            raise _bad_index_array(fmt, "X.data", data)  # (not 1-D)
+        raise _bad_lengths(fmt, ("X.indices", "X.data"), (nnz, n_data))
+    if out_of_range:
+        k = int(xp.argmax(_outside(indices, n_minor)))
+        # the row (CSR) or column (CSC) holding entry k: indptr is valid now
+        value, owner = _fetch(xp, [indices[k], xp.count_nonzero(indptr[1:] <= k)])
+        raise _index_out_of_range(fmt, shape, 1 - major, "X.indices", k, value, owner)
+
+
+def _check_coo(X, shape, xp):
+    row, col, data = X.row, X.col, X.data
+    for attr, a in (("X.row", row), ("X.col", col)):
+        if not _is_index_array(a):
+            raise _bad_index_array("coo", attr, a)
+    if getattr(data, "ndim", 0) != 1:
+        raise _bad_index_array("coo", "X.data", data)
+    lengths = tuple(int(a.shape[0]) for a in (row, col, data))
+    if len(set(lengths)) != 1:
+        raise _bad_lengths("coo", ("X.row", "X.col", "X.data"), lengths)
+    if lengths[0] == 0:
+        return
+    bad_row, bad_col = _fetch(xp, [_exceeds(xp, row, shape[0]),
+                                   _exceeds(xp, col, shape[1])])
+    if bad_row or bad_col:
+        k = int(xp.argmax(_outside(row, shape[0]) | _outside(col, shape[1])))
+        r, c = _fetch(xp, [row[k], col[k]])
+        if not 0 <= r < shape[0]:
+            raise _index_out_of_range("coo", shape, 0, "X.row", k, r, c)
+        raise _index_out_of_range("coo", shape, 1, "X.col", k, c, r)
