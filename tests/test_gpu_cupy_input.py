@@ -27,6 +27,12 @@ from sklearn_cuwide._device import cuda_device_count
 from sklearn_cuwide._layout import TileLayout
 
 from .conftest import make_sparse_problem
+from .test_validation import (
+    CORRUPTIONS,
+    SOLVER_CASES,
+    corrupt_arrays,
+    host_matrix,
+)
 
 HAS_GPU = cuda_device_count() > 0
 pytestmark = [
@@ -478,3 +484,216 @@ def test_no_host_round_trip_of_X(case, input_kind, host_copy_guard):
         clone(est).set_params(early_stopping=False).partial_fit(Xc, yc, **kw)
     host_copy_guard["limit"] = None
     assert est.device_ == "cuda:0"
+
+
+# --------------------------------------------------------------------------
+# corrupt sparse structure: checked on the device, the host's messages word
+# for word, before anything reads the matrix
+# --------------------------------------------------------------------------
+corruptions = pytest.mark.parametrize(
+    "fmt, what", CORRUPTIONS, ids=[f"{f}-{w}" for f, w in CORRUPTIONS])
+
+
+def _small_problem(name):
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 8, density=0.4, format="csr", random_state=rng)
+    y = (np.asarray(X.sum(axis=1)).ravel() > 1.2).astype(np.int64)
+    return X, (y.astype(np.float64) if name.startswith("fmr") else y)
+
+
+def _device_matrix(fmt, shape, arrays):
+    """A cupyx matrix of ``fmt`` holding ``arrays`` (copied to the device)
+    as they are: built empty, then its arrays replaced."""
+    M = {"csr": cpsp.csr_matrix, "csc": cpsp.csc_matrix, "coo": cpsp.coo_matrix}[fmt](
+        shape, dtype=arrays["data"].dtype)
+    for k, v in arrays.items():
+        setattr(M, k, cp.asarray(v))
+    return M
+
+
+def _device_arrays(M):
+    names = ("row", "col", "data") if M.format == "coo" else ("indptr", "indices", "data")
+    return {k: (getattr(M, k), cp.asnumpy(getattr(M, k))) for k in names}
+
+
+def _assert_unchanged(M, before):
+    for k, (obj, host) in before.items():
+        assert getattr(M, k) is obj, k
+        assert getattr(M, k).dtype == host.dtype, k
+        assert cp.asnumpy(getattr(M, k)).tobytes() == host.tobytes(), k
+
+
+def _forbid_cuda_work(monkeypatch):
+    """Every step after the input check fails if it is reached: the CUDA
+    backend's entry points and the solvers."""
+    import sklearn_cuwide._backends._cuda as cuda
+    import sklearn_cuwide._fm as fm_module
+
+    def forbidden(name):
+        def f(*args, **kwargs):
+            raise AssertionError(f"{name} was called before the input check failed")
+        return f
+
+    for mod, names in [
+        (cuda, ["build_layout", "decision_function", "put_csr", "run_epoch", "matmul",
+                "rmatmul", "fused_objective"]),
+        (logistic_module, ["fit_lbfgs_linear", "fit_heads"]),
+        (fm_module, ["fit_heads"]),
+    ]:
+        for n in names:
+            monkeypatch.setattr(mod, n, forbidden(f"{mod.__name__}.{n}"))
+
+
+def _host_message(name, fmt, what, method="fit"):
+    """The CPU backend's message for the same corrupt arrays."""
+    X, y = _small_problem(name)
+    arrays, msg = corrupt_arrays(X, fmt, what)
+    est = SOLVER_CASES[name]()
+    with pytest.raises(ValueError, match=msg) as err:
+        if method == "fit":
+            est.fit(host_matrix(fmt, X.shape, arrays), y)
+        else:
+            getattr(est.fit(X, y), method)(host_matrix(fmt, X.shape, arrays))
+    return str(err.value)
+
+
+_FITTED_ON_GPU = {}
+
+
+def _fitted_on_gpu(name):
+    if name not in _FITTED_ON_GPU:
+        X, y = _small_problem(name)
+        _FITTED_ON_GPU[name] = SOLVER_CASES[name]().set_params(device="cuda").fit(
+            cpsp.csr_matrix(X), cp.asarray(y))
+    return _FITTED_ON_GPU[name]
+
+
+@corruptions
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_corrupt_cupyx_X_in_fit(name, fmt, what, monkeypatch):
+    X, y = _small_problem(name)
+    arrays, _ = corrupt_arrays(X, fmt, what)
+    expected = _host_message(name, fmt, what)
+    bad = _device_matrix(fmt, X.shape, arrays)
+    before = _device_arrays(bad)
+    _forbid_cuda_work(monkeypatch)
+    est = SOLVER_CASES[name]().set_params(device="cuda")
+    with pytest.raises(ValueError) as err:
+        est.fit(bad, cp.asarray(y))
+    assert str(err.value) == expected
+    if hasattr(est, "partial_fit"):
+        kw = {} if name.startswith("fmr") else {"classes": np.unique(y)}
+        with pytest.raises(ValueError) as err:
+            est.partial_fit(bad, y, **kw)
+        assert str(err.value) == expected
+    # cupyx input to the CPU backend: checked on the device, then copied
+    with pytest.raises(ValueError) as err:
+        SOLVER_CASES[name]().fit(bad, y)
+    assert str(err.value) == expected
+    _assert_unchanged(bad, before)
+
+
+@corruptions
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_corrupt_cupyx_X_in_predict(name, fmt, what, monkeypatch):
+    X, _ = _small_problem(name)
+    arrays, _ = corrupt_arrays(X, fmt, what)
+    expected = _host_message(name, fmt, what, method="predict")
+    est = _fitted_on_gpu(name)
+    bad = _device_matrix(fmt, X.shape, arrays)
+    before = _device_arrays(bad)
+    _forbid_cuda_work(monkeypatch)
+    for method in ("predict", "decision_function", "predict_proba"):
+        if hasattr(est, method):
+            with pytest.raises(ValueError) as err:
+                getattr(est, method)(bad)
+            assert str(err.value) == expected
+    _assert_unchanged(bad, before)
+
+
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_float16_and_integer_cupy_input_give_the_float32_model(name, monkeypatch):
+    """Dense float16, integer and bool cupy arrays become float32 on the
+    device, as scikit-learn's check_array makes them on the host: the
+    solvers get exactly the arrays of the float32 cast."""
+    X, y = _small_problem(name)
+    Xi = X.copy()
+    Xi.data = np.rint(Xi.data * 4)
+    dense, dense_i = X.toarray().astype(np.float16), Xi.toarray()
+    cases = [
+        (cp.asarray(dense), cp.asarray(dense.astype(np.float32))),
+        (cp.asarray(dense_i.astype(np.int64)), cp.asarray(dense_i.astype(np.float32))),
+        (cp.asarray(dense_i.astype(np.uint8)), cp.asarray(dense_i.astype(np.float32))),
+        (cp.asarray(dense_i > 1), cp.asarray((dense_i > 1).astype(np.float32))),
+    ]
+    est = SOLVER_CASES[name]().set_params(device="cuda")
+    for given, as_float32 in cases:
+        with monkeypatch.context() as m:
+            got_calls = _capture_solver_inputs(m)
+            clone(est).fit(given, cp.asarray(y))
+        with monkeypatch.context() as m:
+            ref_calls = _capture_solver_inputs(m)
+            clone(est).fit(as_float32, cp.asarray(y))
+        _assert_same_solver_inputs(got_calls, ref_calls)
+
+
+def test_float16_infinity_message_matches_the_host():
+    X, y = _small_problem("lr-lbfgs")
+    dense = X.toarray().astype(np.float16)
+    dense[2, 3] = np.inf
+    with pytest.raises(ValueError) as host:
+        GPULogisticRegression(device="cpu").fit(dense, y)
+    with pytest.raises(ValueError) as dev:
+        GPULogisticRegression(device="cuda").fit(cp.asarray(dense), y)
+    assert str(dev.value) == str(host.value)
+    assert "dtype('float32')" in str(dev.value)
+
+
+# --------------------------------------------------------------------------
+# cupy before 14.1 copies sparse matrices with int32 indices
+# --------------------------------------------------------------------------
+def test_check_index_width(monkeypatch):
+    from sklearn_cuwide._backends._cuda import _validate
+
+    wide = sp.csr_matrix((1, 2**31 + 5), dtype=np.float32)
+    monkeypatch.setattr(_validate, "CASTS_INDICES_TO_INT32", True)
+    with pytest.raises(ValueError, match=r"X has 0 stored entries and 2147483653 "
+                                         r"features, but cupy .* int32 indices"):
+        _validate.check_index_width(wide)
+    _validate.check_index_width(sp.csr_matrix((1, 2**31 - 1), dtype=np.float32))
+    monkeypatch.setattr(_validate, "CASTS_INDICES_TO_INT32", False)
+    _validate.check_index_width(wide)
+
+
+def test_old_cupy_refuses_dense_input_beyond_int32(monkeypatch):
+    """A dense cupy array's CSR copy (cuSPARSE, int32 on cupy < 14.1) would
+    wrap beyond INDEX_LIMIT nonzeros (made small here)."""
+    from sklearn_cuwide._backends._cuda import _validate
+
+    X, y = _small_problem("lr-lbfgs")
+    dense = cp.asarray(X.toarray())
+    monkeypatch.setattr(_validate, "CASTS_INDICES_TO_INT32", True)
+    monkeypatch.setattr(_validate, "INDEX_LIMIT", X.nnz - 1)
+    with pytest.raises(ValueError, match=f"X has {X.nnz} stored entries and 8 features"):
+        GPULogisticRegression(device="cuda").fit(dense, y)
+    monkeypatch.setattr(_validate, "INDEX_LIMIT", X.nnz)
+    GPULogisticRegression(device="cuda").fit(dense, y)
+
+
+def _put_csr_checks_width():
+    import inspect
+
+    from sklearn_cuwide._backends._cuda import _runtime
+
+    return "check_index_width" in inspect.getsource(_runtime.put_csr)
+
+
+@pytest.mark.skipif(HAS_GPU and not _put_csr_checks_width(),
+                    reason="put_csr does not call check_index_width yet")
+def test_put_csr_refuses_host_matrices_beyond_int32(monkeypatch):
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _validate
+
+    monkeypatch.setattr(_validate, "CASTS_INDICES_TO_INT32", True)
+    with pytest.raises(ValueError, match="int32 indices"):
+        _cuda.put_csr(sp.csr_matrix((1, 2**31 + 5), dtype=np.float32))

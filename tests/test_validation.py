@@ -2,6 +2,8 @@
 (non-canonical CSR, int64 indices) is handled; the user's arrays are never
 modified."""
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -311,3 +313,333 @@ def test_empty_rows_and_columns(name, data):
     est = ESTIMATORS[name]().fit(X, y)
     assert np.all(np.isfinite(est.coef_))
     assert np.all(np.isfinite(_predict(est, X)))
+
+
+# --------------------------------------------------------------------------
+# corrupt sparse structure: our message, before anything reads the matrix
+# --------------------------------------------------------------------------
+#: every estimator with every solver
+SOLVER_CASES = {
+    "lr-lbfgs": lambda: GPULogisticRegression(device="cpu"),
+    "lr-sgd": lambda: GPULogisticRegression(solver="sgd", max_iter=2, random_state=0,
+                                            device="cpu"),
+    "lr-adagrad": lambda: GPULogisticRegression(solver="adagrad", max_iter=2,
+                                                random_state=0, device="cpu"),
+    "fm-sgd": lambda: GPUFactorizationMachine(solver="sgd", n_factors=3, max_iter=2,
+                                              random_state=0, device="cpu"),
+    "fm-adagrad": lambda: GPUFactorizationMachine(n_factors=3, max_iter=2,
+                                                  random_state=0, device="cpu"),
+    "fmr-sgd": lambda: GPUFactorizationMachineRegressor(
+        solver="sgd", n_factors=3, max_iter=2, random_state=0, device="cpu"),
+    "fmr-adagrad": lambda: GPUFactorizationMachineRegressor(
+        n_factors=3, max_iter=2, random_state=0, device="cpu"),
+}
+
+#: (format, corruption); the compressed formats' corruptions are of their
+#: ``indptr`` / ``indices``, COO's of its ``row`` / ``col``
+COMPRESSED_CORRUPTIONS = ["index-over", "index-huge", "index-negative",
+                          "indptr-decreasing", "indptr-end-over", "indptr-end-under",
+                          "indptr-length", "data-length"]
+COO_CORRUPTIONS = ["col-over", "col-huge", "col-negative", "row-over", "row-negative",
+                   "length"]
+CORRUPTIONS = ([("csr", c) for c in COMPRESSED_CORRUPTIONS]
+               + [("csc", c) for c in COMPRESSED_CORRUPTIONS]
+               + [("coo", c) for c in COO_CORRUPTIONS])
+corruptions = pytest.mark.parametrize(
+    "fmt, what", CORRUPTIONS, ids=[f"{f}-{w}" for f, w in CORRUPTIONS])
+
+
+def _clean_data():
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 8, density=0.4, format="csr", random_state=rng)
+    y = (np.asarray(X.sum(axis=1)).ravel() > 1.2).astype(np.int64)
+    return X, y
+
+
+def corrupt_arrays(X, fmt, what):
+    """The arrays of ``X`` in format ``fmt`` (numpy, new) with one corruption,
+    and a regular expression of the message it must raise (the bad index,
+    where it is stored, its row or column, and the valid range)."""
+    n, d = X.shape
+    FMT = fmt.upper()
+    Y = X.asformat(fmt)
+    if fmt == "coo":
+        a = {"row": Y.row.copy(), "col": Y.col.copy(), "data": Y.data.copy()}
+        k = a["data"].size // 2
+        axis, value = {
+            "col-over": (1, d + 2), "col-huge": (1, 10**7), "col-negative": (1, -1),
+            "row-over": (0, n + 3), "row-negative": (0, -2),
+        }.get(what, (None, None))
+        if what == "length":
+            a["col"] = a["col"][:-1]
+            return a, re.escape(
+                f"Invalid COO matrix X: X.row, X.col and X.data have {a['row'].size}, "
+                f"{a['col'].size} and {a['data'].size} entries; they must have the same "
+                "length.")
+        name, attr = (("row", "row"), ("column", "col"))[axis]
+        a[attr][k] = value
+        other = a["col" if axis == 0 else "row"][k]
+        n_ax, count = ((n, "n_samples"), (d, "n_features"))[axis]
+        return a, (
+            re.escape(f"Invalid COO matrix X: {name} index X.{attr}[{k}] = {value} in "
+                      f"{('column', 'row')[axis]} {other} is out of range")
+            + ".*" + re.escape(f"must be in [0, {n_ax}) (0 <= index < {count} = {n_ax})")
+        )
+    a = {"indptr": Y.indptr.copy(), "indices": Y.indices.copy(), "data": Y.data.copy()}
+    major = 0 if fmt == "csr" else 1
+    major_name, minor_name = (("row", "column"), ("column", "row"))[major]
+    n_major, n_minor = ((n, d), (d, n))[major]
+    nnz = a["indices"].size
+    if what.startswith("index"):
+        k = nnz // 2
+        value = {"index-over": n_minor + 2, "index-huge": 10**7, "index-negative": -1}[what]
+        a["indices"][k] = value
+        owner = int(np.searchsorted(a["indptr"], k, side="right")) - 1
+        count = ("n_features", "n_samples")[major]
+        return a, (
+            re.escape(f"Invalid {FMT} matrix X: {minor_name} index X.indices[{k}] = "
+                      f"{value} in {major_name} {owner} is out of range")
+            + ".*" + re.escape(f"must be in [0, {n_minor}) (0 <= index < {count} = "
+                               f"{n_minor})")
+        )
+    if what == "indptr-decreasing":
+        i = n_major // 2
+        a["indptr"][i] = a["indptr"][i + 1] + 1
+        return a, re.escape(
+            f"Invalid {FMT} matrix X: X.indptr decreases at {major_name} {i}: "
+            f"X.indptr[{i}] = {a['indptr'][i]} > X.indptr[{i + 1}] = {a['indptr'][i + 1]}; "
+            "X.indptr must be non-decreasing")
+    if what == "indptr-end-over":
+        a["indptr"][-1] += 1
+        return a, re.escape(f"Invalid {FMT} matrix X: X.indptr[-1] = {nnz + 1}, but "
+                            f"X.indices has {nnz} entries")
+    if what == "indptr-end-under":  # a trailing entry indptr does not count
+        a["indices"] = np.append(a["indices"], 0).astype(a["indices"].dtype)
+        a["data"] = np.append(a["data"], 1.0)
+        return a, re.escape(f"Invalid {FMT} matrix X: X.indptr[-1] = {nnz}, but "
+                            f"X.indices has {nnz + 1} entries")
+    if what == "indptr-length":
+        a["indptr"] = a["indptr"][:-1].copy()
+        return a, re.escape(f"Invalid {FMT} matrix X: X.indptr has {n_major} entries, "
+                            f"but a matrix of shape {(n, d)} needs {n_major + 1}")
+    assert what == "data-length"
+    a["data"] = a["data"][:-1].copy()
+    return a, re.escape(f"Invalid {FMT} matrix X: X.indices has {nnz} entries and "
+                        f"X.data has {nnz - 1}; they must have the same length.")
+
+
+def host_matrix(fmt, shape, arrays):
+    """A scipy matrix of ``fmt`` holding ``arrays`` as they are: built empty,
+    then its arrays replaced (as a corrupt matrix from a hasher or a
+    hand-built one would be; scipy would refuse some at construction)."""
+    M = {"csr": sp.csr_matrix, "csc": sp.csc_matrix, "coo": sp.coo_matrix}[fmt](
+        shape, dtype=arrays["data"].dtype)
+    for k, v in arrays.items():
+        setattr(M, k, v)
+    return M
+
+
+def _matrix_bytes(M):
+    names = ("row", "col", "data") if M.format == "coo" else ("indptr", "indices", "data")
+    return {k: (getattr(M, k).dtype, getattr(M, k).tobytes()) for k in names}
+
+
+def _forbid_work(monkeypatch):
+    """Make every step after the input check fail if it is reached: the CPU
+    backend's entry points, the solvers and scikit-learn's check_array."""
+    import sklearn.utils.validation as skval
+
+    import sklearn_cuwide._backends._cpu as cpu
+    import sklearn_cuwide._fm as fm_module
+    import sklearn_cuwide._logistic as lr_module
+
+    def forbidden(name):
+        def f(*args, **kwargs):
+            raise AssertionError(f"{name} was called before the input check failed")
+        return f
+
+    for mod, names in [
+        (cpu, ["build_layout", "decision_function", "put_csr", "run_epoch", "matmul",
+               "rmatmul"]),
+        (lr_module, ["fit_lbfgs_linear", "fit_heads"]),
+        (fm_module, ["fit_heads"]),
+        (skval, ["check_array"]),
+    ]:
+        for n in names:
+            monkeypatch.setattr(mod, n, forbidden(f"{mod.__name__}.{n}"))
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = _clean_data()
+    return {name: make().fit(X, y if not name.startswith("fmr") else y.astype(float))
+            for name, make in SOLVER_CASES.items()}
+
+
+def test_the_clean_data_is_the_data_fixture(data):
+    X, y = _clean_data()
+    assert_array_equal(X.toarray(), data[0].toarray())
+    assert_array_equal(y, data[1])
+
+
+def test_host_matrix_keeps_the_corrupt_arrays():
+    X, _ = _clean_data()
+    for fmt, what in CORRUPTIONS:
+        arrays, _ = corrupt_arrays(X, fmt, what)
+        M = host_matrix(fmt, X.shape, arrays)
+        assert M.shape == X.shape
+        for k, v in arrays.items():
+            assert getattr(M, k).dtype == v.dtype, (fmt, what, k)
+            assert_array_equal(getattr(M, k), v, err_msg=f"{fmt} {what} {k}")
+
+
+@corruptions
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_corrupt_sparse_X_in_fit(name, fmt, what, monkeypatch):
+    X, y = _clean_data()
+    arrays, msg = corrupt_arrays(X, fmt, what)
+    bad = host_matrix(fmt, X.shape, arrays)
+    before = _matrix_bytes(bad)
+    est = SOLVER_CASES[name]()
+    _forbid_work(monkeypatch)
+    with pytest.raises(ValueError, match=msg):
+        est.fit(bad, y)
+    if hasattr(est, "partial_fit"):
+        kw = {} if name.startswith("fmr") else {"classes": np.unique(y)}
+        with pytest.raises(ValueError, match=msg):
+            est.partial_fit(bad, y, **kw)
+    assert _matrix_bytes(bad) == before
+    assert not hasattr(est, "n_features_in_")
+
+
+@corruptions
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_corrupt_sparse_X_in_predict(name, fmt, what, fitted, monkeypatch):
+    X, _ = _clean_data()
+    arrays, msg = corrupt_arrays(X, fmt, what)
+    bad = host_matrix(fmt, X.shape, arrays)
+    before = _matrix_bytes(bad)
+    est = fitted[name]
+    _forbid_work(monkeypatch)
+    methods = [m for m in ("predict", "decision_function", "predict_proba",
+                           "predict_log_proba") if hasattr(est, m)]
+    for method in methods:
+        with pytest.raises(ValueError, match=msg):
+            getattr(est, method)(bad)
+    assert _matrix_bytes(bad) == before
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_the_first_bad_index_is_named(fmt):
+    X, y = _clean_data()
+    Y = X.asformat(fmt)
+    attr = "col" if fmt == "coo" else "indices"
+    bad_idx = getattr(Y, attr).copy()
+    bound = X.shape[0] if fmt == "csc" else X.shape[1]
+    bad_idx[[7, 11, 30]] = [-4, bound + 5, 10**9]
+    arrays = ({"row": Y.row, "col": bad_idx, "data": Y.data} if fmt == "coo"
+              else {"indptr": Y.indptr, "indices": bad_idx, "data": Y.data})
+    bad = host_matrix(fmt, X.shape, arrays)
+    with pytest.raises(ValueError, match=rf"X\.{attr}\[7\] = -4 in "):
+        GPULogisticRegression(device="cpu").fit(bad, y)
+
+
+def test_int64_index_arrays_are_checked_too():
+    X, y = _clean_data()
+    indices = X.indices.astype(np.int64)
+    indices[5] = 2**40
+    bad = host_matrix("csr", X.shape, {"indptr": X.indptr.astype(np.int64),
+                                       "indices": indices, "data": X.data})
+    with pytest.raises(ValueError, match=r"X\.indices\[5\] = 1099511627776 in row"):
+        GPULogisticRegression(device="cpu").fit(bad, y)
+    indices[5] = -(2**40)
+    with pytest.raises(ValueError, match=r"X\.indices\[5\] = -1099511627776 in row"):
+        GPULogisticRegression(device="cpu").fit(bad, y)
+
+
+def test_index_arrays_must_be_integers():
+    X, y = _clean_data()
+    bad = host_matrix("csr", X.shape, {"indptr": X.indptr,
+                                       "indices": X.indices.astype(np.float64),
+                                       "data": X.data})
+    with pytest.raises(ValueError, match="X.indices must be a 1-D array of integers; "
+                                         r"got an array of shape \(\d+,\) and dtype float64"):
+        GPULogisticRegression(device="cpu").fit(bad, y)
+
+
+def test_indptr_must_start_at_zero():
+    X, y = _clean_data()
+    indptr = X.indptr.copy()
+    indptr[0] = 1
+    bad = host_matrix("csr", X.shape, {"indptr": indptr, "indices": X.indices,
+                                       "data": X.data})
+    with pytest.raises(ValueError, match=r"X\.indptr\[0\] = 1, but X\.indptr must start at 0"):
+        GPULogisticRegression(device="cpu").fit(bad, y)
+
+
+def test_valid_edge_cases_pass_the_check():
+    """Unsorted indices, duplicates, empty rows and columns, sparse arrays,
+    an index at n_features - 1 and 0: valid, and fitted."""
+    X, y = _clean_data()
+    X = X.tolil()
+    X[3, :] = 0
+    X[4, 0] = 1.0
+    X[5, 7] = 2.0
+    X = X.tocsr()
+    Xnc = _non_canonical(X, np.random.default_rng(4))
+    for Xi in (X, Xnc, sp.csr_array(Xnc), Xnc.tocoo(), X.tocsc()):
+        est = GPULogisticRegression(device="cpu").fit(Xi, y)
+        assert np.all(np.isfinite(est.coef_))
+
+
+def test_cpu_backend_validate_input_checks_the_structure():
+    from sklearn_cuwide._backends import _cpu
+
+    X, _ = _clean_data()
+    arrays, msg = corrupt_arrays(X, "coo", "col-huge")
+    with pytest.raises(ValueError, match=msg):
+        _cpu.validate_input(host_matrix("coo", X.shape, arrays))
+
+
+# --------------------------------------------------------------------------
+# float16 and integer input: converted as scikit-learn's check_array does
+# --------------------------------------------------------------------------
+def _assert_same_model(a, b):
+    for k in ("coef_", "intercept_", "factors_"):
+        if hasattr(b, k):
+            assert_array_equal(getattr(a, k), getattr(b, k), err_msg=k)
+
+
+@pytest.mark.parametrize("name", list(SOLVER_CASES))
+def test_float16_and_integer_input_give_the_float32_model(name):
+    X, y = _clean_data()
+    if name.startswith("fmr"):
+        y = y.astype(float)
+    X16 = X.toarray().astype(np.float16)
+    Xi = X.copy()
+    Xi.data = np.rint(Xi.data * 4)  # small integers
+    cases = [
+        (X16, X16.astype(np.float32)),  # dense float16
+        (Xi.toarray().astype(np.int64), Xi.toarray().astype(np.float32)),  # dense int
+        (Xi.astype(np.int32), Xi.astype(np.float32)),  # sparse int
+        (Xi.astype(np.int64).tocoo(), Xi.astype(np.float32)),
+        (Xi.toarray() > 1, (Xi.toarray() > 1).astype(np.float32)),  # bool
+    ]
+    for given, as_float32 in cases:
+        got = SOLVER_CASES[name]().fit(given, y)
+        ref = SOLVER_CASES[name]().fit(as_float32, y)
+        _assert_same_model(got, ref)
+        assert_array_equal(_predict(got, given), _predict(ref, as_float32))
+
+
+def test_float16_conversion_matches_check_array():
+    from sklearn.utils import check_array
+
+    X, _ = _clean_data()
+    X16 = X.toarray().astype(np.float16)
+    for a in (X16, X16.astype(np.int8), X16 > 0.5):
+        assert check_array(a, dtype=[np.float32, np.float64]).dtype == np.float32
+    X16[2, 3] = np.inf
+    with pytest.raises(ValueError, match=r"Input X contains infinity or a value too "
+                                         r"large for dtype\('float32'\)"):
+        GPULogisticRegression(device="cpu").fit(X16, np.arange(60) % 2)
