@@ -28,17 +28,22 @@ and for COO: ``row``, ``col`` and ``data`` have one length, every row in
 Its cost: one reduction over the indices (the maximum of their bits read as
 unsigned integers: a negative index is then a huge one, so one comparison
 finds both), and one comparison of ``indptr`` with itself shifted by one;
-nothing per row in Python.  The offending position is looked for only when the check fails.
-Unsorted indices and duplicates are valid: :func:`sklearn_cuwide._sparse.canonical_csr`
-makes them canonical afterwards, in a copy.
+nothing per row in Python.  On a 4M-row CSR matrix of 156M nonzeros and
+2**22 features (``make_ctr_classification``), about 58 ms on one CPU core:
+less than scikit-learn's finiteness check of its values, or scipy's
+``has_canonical_format``.  The offending position is looked for only when
+the check fails.  Unsorted indices and duplicates are valid:
+:func:`sklearn_cuwide._sparse.canonical_csr` makes them canonical
+afterwards, in a copy.
 """
 
 import numpy as np
 
 __all__ = ["check_sparse_structure", "CHECKED_FORMATS", "index_width_message"]
 
-#: the sparse formats whose structure is checked (others are converted by
-#: scipy / cupyx from structures those libraries keep valid themselves)
+#: the sparse formats whose structure is checked; others (LIL, DOK, DIA,
+#: BSR) go to scipy's conversion to CSR unchecked (BSR's block indices are
+#: the only ones of them a user can corrupt as easily)
 CHECKED_FORMATS = ("csr", "csc", "coo")
 
 _AXIS = ("row", "column")
