@@ -10,6 +10,7 @@ import numpy as np
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
+from ._validate import check_index_width
 
 #: a null device pointer, for the kernels' optional arrays
 NULL = np.uint64(0)
@@ -112,7 +113,9 @@ def put_csr(X, dtype=None):
     if isinstance(X, cp.ndarray):
         X = cpsp.csr_matrix(X)
     elif not cpsp.issparse(X):
-        X = cpsp.csr_matrix(canonical_csr(X))  # canonical on the host, then copied
+        X = canonical_csr(X)  # canonical on the host, then copied
+        check_index_width(X)  # an older cupy would cast its indices to int32
+        X = cpsp.csr_matrix(X)
     return canonical_csr(X, dtype)
 
 
