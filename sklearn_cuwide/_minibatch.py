@@ -130,7 +130,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     # a fresh model's first steps move it most: they are taken from the
     # freshest weights, with the workers added in stages
     ramp = _concurrency.default_ramp(params.model) if warm is None else 0
-    results = []
+    results, blown_up = [], []
     for k, t in enumerate(targets):
         t = np.asarray(t, dtype=np.float64)
         validation = None
@@ -149,17 +149,21 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             progress=progress, log_prefix=prefix,
         )
         curve = [float(v) for v in curve]
-        if not partial and curve:
-            _warn_if_blown_up(curve[-1], t, sample_weight, params, n_outputs)
+        base = constant_loss(t, sample_weight, params.loss, n_outputs)
+        if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
+            blown_up.append((prefix, curve[-1], base))
         results.append(HeadResult(out, n_iter, curve))
+    if blown_up:
+        _warn_blown_up(blown_up, params)
     return results
 
 
 # --------------------------------------------------------------------------
 # the pieces
 # --------------------------------------------------------------------------
-#: a head's last epoch ending above this many times the loss of a constant
-#: prediction (and at least this loss) has blown up (see _warn_if_blown_up)
+#: a head whose last epoch's mean training loss ends above this many times
+#: the larger of 1 and the loss of a constant prediction has blown up: a
+#: ConvergenceWarning (far enough that no sound fit, however noisy, does)
 _BLOWUP_FACTOR = 4.0
 
 
@@ -178,21 +182,22 @@ def constant_loss(t, sw, loss, n_outputs):
     return 0.5 * float(np.dot(sw, t * t) / sw.sum())
 
 
-def _warn_if_blown_up(last_loss, t, sw, params, n_outputs):
-    """ConvergenceWarning when the last epoch's mean training loss is far
-    above the loss of a constant prediction: large steps made the model
-    worse than no model, without overflowing."""
-    base = constant_loss(t, sw, params.loss, n_outputs)
-    limit = _BLOWUP_FACTOR * max(base, 1.0)
-    if last_loss > limit:
-        warnings.warn(
-            f"The fit diverged: the training loss of the last epoch is "
-            f"{last_loss:.4g}, far above the {base:.4g} of a constant prediction "
-            f"(solver={params.solver!r}, learning_rate={params.learning_rate:.3g}). "
-            f"Lower learning_rate, or {_SCALE_HINT}.",
-            ConvergenceWarning,
-            stacklevel=4,
-        )
+def _warn_blown_up(blown_up, params):
+    """One ConvergenceWarning for the heads whose last epoch's mean training
+    loss ended far above a constant prediction's: large steps made the model
+    worse than no model, without overflowing.  ``blown_up``: ``(prefix,
+    loss, constant loss)`` of each."""
+    prefix, last, base = blown_up[0]
+    which = f" ({prefix.rstrip(', ')})" if prefix else ""
+    more = f", and {len(blown_up) - 1} other model(s) too" if len(blown_up) > 1 else ""
+    warnings.warn(
+        f"The fit diverged: the training loss of the last epoch{which} is "
+        f"{last:.4g}, far above the {base:.4g} of a constant prediction{more} "
+        f"(solver={params.solver!r}, learning_rate={params.learning_rate:.3g}). "
+        f"Lower learning_rate, or {_SCALE_HINT}.",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
 
 
 def _seeds(random_state, n=4):

@@ -210,8 +210,9 @@ def fit_minibatch(
 
     A fit that diverges raises a ``ValueError`` that says what to do (as
     scikit-learn's SGDClassifier does): an epoch's training or validation
-    loss that is not finite (read once per epoch, as the loss curve needs
-    it), or a fitted state that is not finite at the end.
+    loss that is not finite or beyond the range of the state's dtype (read
+    once per epoch, as the loss curve needs it), or a fitted state that is
+    not finite at the end.
 
     Parameters
     ----------
@@ -274,6 +275,9 @@ def fit_minibatch(
         )
 
     progress.stage(f"{log_prefix}initial state")
+    # a loss beyond the compute dtype's range is inf where the margins are
+    # computed in it (the GPU): diverged on every backend alike
+    loss_limit = float(np.finfo(dt).max)
     loss_curve, val_curve = [], []
     best, no_improve = math.inf, 0
     n_iter = 0
@@ -287,15 +291,17 @@ def fit_minibatch(
         )
         n_iter = epoch + 1
         ep_loss = float(lsum) / total_w if total_w > 0 else 0.0
-        if not math.isfinite(ep_loss):
-            raise _diverged(f"the training loss of epoch {n_iter} is {ep_loss}", params)
+        if not ep_loss <= loss_limit:
+            raise _diverged(f"the training loss of epoch {n_iter} is {ep_loss:.4g}",
+                            params)
         loss_curve.append(ep_loss)
         monitored = ep_loss
         msg = f"loss {ep_loss:.6f}"
         if val is not None:
             vl = _validation_loss(backend, *val, dstate, params)
-            if not math.isfinite(vl):
-                raise _diverged(f"the validation loss of epoch {n_iter} is {vl}", params)
+            if not vl <= loss_limit:
+                raise _diverged(f"the validation loss of epoch {n_iter} is {vl:.4g}",
+                                params)
             val_curve.append(vl)
             monitored = vl
             msg += f", validation loss {vl:.6f}"
