@@ -19,12 +19,17 @@ from ._base import (
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
+    check_weight_range,
+    class_weighted,
+    commit,
     fit_heads,
     logit_prior,
     optimizer_arrays,
+    refuse_balanced_partial_fit,
     restore_accumulators,
+    restore_on_failure,
 )
-from ._state import ModelState, StepParams
+from ._state import FitProgress, ModelState, StepParams
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 
@@ -63,7 +68,7 @@ _FM_PARAMS_DOC = """
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations.
     max_iter : int, default=100
-        Most epochs.
+        Most epochs (at least 1, as scikit-learn's SGDClassifier).
     tol : float or None, default=1e-4
         Stop when the training loss (the validation loss with
         ``early_stopping``) has not improved by ``tol`` for
@@ -97,8 +102,17 @@ _FM_PARAMS_DOC = """
         applies the mini-batches strictly in order as the CPU does.  The CPU
         always runs in order.  See :ref:`reproducibility`.
     verbose : int, default=0
-        Above 0, print one line per epoch: loss, validation loss, samples per
-        second.
+        Above 0, print one line per setup stage (input checks, the layout,
+        the initial state, ...) with its time, then one per epoch: loss,
+        validation loss, and the samples per second over the whole fit so
+        far.
+"""
+
+_CLASS_WEIGHT_DOC = """    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes, multiplied into ``sample_weight`` as
+        :class:`GPULogisticRegression` (and scikit-learn) does: a class's
+        weight is the same as that per-sample weight on its samples.
+        ``partial_fit`` refuses ``"balanced"``.
 """
 
 
@@ -107,7 +121,7 @@ def _fm_doc(cls):
     if cls.__doc__:  # None under python -OO
         cls.__doc__ = cls.__doc__.replace(
             "    %(fm_params)s\n", _FM_PARAMS_DOC.lstrip("\n")
-        )
+        ).replace("    %(class_weight)s\n", _CLASS_WEIGHT_DOC)
     return cls
 
 
@@ -120,10 +134,15 @@ class _BaseFM(_CuWideEstimator):
 
     trained by mini-batch sgd or adagrad with the objective of
     :class:`~sklearn_cuwide._state.StepParams`.
+
+    Each public class has its own ``__init__`` (so that an unknown keyword's
+    error names it); :meth:`_set_fm_params` stores the parameters they share.
     """
 
     _parameter_constraints: dict = {
         **_SHARED_PARAMETER_CONSTRAINTS,
+        # epochs: at least one, as scikit-learn's SGDClassifier
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
         "n_factors": [Interval(Integral, 1, None, closed="left")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "beta": [Interval(Real, 0, None, closed="left")],
@@ -134,52 +153,11 @@ class _BaseFM(_CuWideEstimator):
         "tol": [Interval(Real, 0, None, closed="left"), None],
     }
 
-    def __init__(
-        self,
-        *,
-        n_factors=8,
-        alpha=1e-4,
-        beta=1e-3,
-        scale_penalty=False,
-        fit_linear=True,
-        fit_intercept=True,
-        init_scale=0.01,
-        solver="adagrad",
-        batch_size=1024,
-        learning_rate="auto",
-        max_iter=100,
-        tol=1e-4,
-        early_stopping=False,
-        validation_fraction=0.1,
-        n_iter_no_change=5,
-        shuffle=True,
-        warm_start=False,
-        random_state=None,
-        device="auto",
-        verbose=0,
-        concurrency="auto",
-    ):
-        self.n_factors = n_factors
-        self.alpha = alpha
-        self.beta = beta
-        self.scale_penalty = scale_penalty
-        self.fit_linear = fit_linear
-        self.fit_intercept = fit_intercept
-        self.init_scale = init_scale
-        self.solver = solver
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.tol = tol
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.shuffle = shuffle
-        self.warm_start = warm_start
-        self.random_state = random_state
-        self.device = device
-        self.verbose = verbose
-        self.concurrency = concurrency
+    def _set_fm_params(self, params):
+        """Store the constructor's parameters (its ``locals()``) as they are."""
+        for name, value in params.items():
+            if name not in ("self", "__class__"):
+                setattr(self, name, value)
 
     # subclasses: the loss, the targets of the heads and the fitted shapes
     _loss = None
@@ -209,7 +187,21 @@ class _BaseFM(_CuWideEstimator):
     def _intercept_init(self, t, sw):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, partial):
+    def _check_partial_fit_model(self, n_features):
+        """``partial_fit`` continues the fitted model: its shape cannot change."""
+        if not hasattr(self, "factors_"):
+            return
+        n_factors = self.factors_.shape[-1]
+        if n_factors != self.n_factors:
+            raise ValueError(
+                f"n_factors={self.n_factors} differs from the {n_factors} factors of "
+                "the fitted model, which partial_fit continues. Set n_factors back "
+                f"to {n_factors}, or call fit to train a new model with "
+                f"{self.n_factors} factors."
+            )
+
+    def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, partial,
+                   progress=None):
         """Train one FM per target vector on a shared layout (a list of
         :class:`~sklearn_cuwide._minibatch.HeadResult`)."""
         n_features = X.shape[1]
@@ -238,32 +230,40 @@ class _BaseFM(_CuWideEstimator):
         return fit_heads(
             X, targets, sw, backend=backend, schedule=_schedule(self, partial=partial),
             n_outputs=1, n_factors=self.n_factors, make_params=make_params,
-            init_state=init_state, warm=warm, stratify=stratify,
+            init_state=init_state, warm=warm, stratify=stratify, progress=progress,
+            partial=partial,
         )
 
     def _store(self, results, *, partial):
-        """Set the fitted attributes from the heads' results."""
-        W = np.stack([r.state.w[:, 0] for r in results])
+        """Set the fitted attributes from the heads' results, at once (the
+        benchmarks' hook, ``_profiling``, calls it)."""
+        commit(self, self._fitted_attrs(results, partial=partial))
+
+    def _fitted_attrs(self, results, *, partial):
+        """The fitted attributes from the heads' results (a dict; nothing is
+        set).  ``partial`` counts the epochs on from the fitted model's."""
+        W = np.stack([r.state.w[:, 0] for r in results]).astype(COMPUTE_DTYPE)
         b = np.concatenate([np.asarray(r.state.b).ravel() for r in results])
-        V = np.stack([r.state.V for r in results])
+        V = np.stack([r.state.V for r in results]).astype(COMPUTE_DTYPE)
         if not self.fit_intercept:
             b = np.zeros_like(b)
-        self._set_model(W, b.astype(W.dtype), V)
+        fitted = self._model_attrs(W, b.astype(COMPUTE_DTYPE), V)
         n_iter = max(r.n_iter for r in results)
         curves = [r.loss_curve for r in results if r.loss_curve]
         length = max((len(c) for c in curves), default=0)
         curve = [float(sum(c[min(e, len(c) - 1)] for c in curves)) for e in range(length)]
         if partial and hasattr(self, "n_iter_"):
-            self.n_iter_ = int(self.n_iter_) + n_iter
-            self.loss_curve_ = list(self.loss_curve_) + curve
+            fitted["n_iter_"] = int(self.n_iter_) + n_iter
+            fitted["loss_curve_"] = list(self.loss_curve_) + curve
         else:
-            self.n_iter_ = int(n_iter)
-            self.loss_curve_ = curve
-        self._optimizer_state = (
+            fitted["n_iter_"] = int(n_iter)
+            fitted["loss_curve_"] = curve
+        fitted["_optimizer_state"] = (
             [optimizer_arrays(r.state) for r in results]
             if self.solver == "adagrad"
             else None
         )
+        return fitted
 
     def _public_arrays(self):
         return (self.coef_, self.intercept_, self.factors_)
@@ -278,26 +278,33 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
 
     trained by cuWide's mini-batch solvers on the GPU (on the CPU without
-    one), in float32; float64 input is accepted.  The model is binary at
+    one), in float32; float64 input is accepted, and the fitted arrays are
+    float32.  The model is binary at
     its core: with more than two classes one FM per class is trained
     one-vs-rest (sharing one training layout), and ``predict_proba``
     normalises their probabilities so that each row sums to 1.
 
+    A fit that diverges (a loss or a parameter that is not finite) raises a
+    ``ValueError`` saying what to do, and one whose loss ends far above a
+    constant prediction's warns a ``ConvergenceWarning``.  A fit that fails
+    or is interrupted leaves the estimator as it was before.
+
     Parameters
     ----------
     %(fm_params)s
+    %(class_weight)s
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
         The class labels.
-    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features), float32
         Linear weights (one row for a binary problem, for ``classes_[1]``;
         one row per class one-vs-rest otherwise).
-    intercept_ : ndarray of shape (1,) or (n_classes,)
+    intercept_ : ndarray of shape (1,) or (n_classes,), float32
         Intercepts.
     factors_ : ndarray of shape (n_features, n_factors) or \
-(n_classes, n_features, n_factors)
+(n_classes, n_features, n_factors), float32
         The factor vectors of the features (per class one-vs-rest when
         there are more than two classes).
     n_iter_ : int
@@ -336,14 +343,55 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
 
     _loss = "logistic"
 
+    _parameter_constraints: dict = {
+        **_BaseFM._parameter_constraints,
+        "class_weight": [dict, StrOptions({"balanced"}), None],
+    }
+
+    def __init__(
+        self,
+        *,
+        n_factors=8,
+        alpha=1e-4,
+        beta=1e-3,
+        scale_penalty=False,
+        fit_linear=True,
+        fit_intercept=True,
+        init_scale=0.01,
+        solver="adagrad",
+        batch_size=1024,
+        learning_rate="auto",
+        max_iter=100,
+        tol=1e-4,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        shuffle=True,
+        warm_start=False,
+        random_state=None,
+        device="auto",
+        verbose=0,
+        concurrency="auto",
+        class_weight=None,
+    ):
+        self._set_fm_params(locals())
+
     def _intercept_init(self, t, sw):
         return logit_prior(t, sw)
 
-    def _targets(self, y_idx):
-        K = self.classes_.size
+    def _targets(self, y_idx, classes=None):
+        K = (self.classes_ if classes is None else classes).size
         if K == 2:
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
+
+    def _weights(self, classes, y, sw):
+        """The sample weights times the class weights, checked."""
+        sw = class_weighted(self.class_weight, classes, y, sw)
+        if not sw.sum() > 0:
+            raise ValueError("The sample weights times the class weights sum to 0.")
+        check_weight_range(sw)
+        return sw
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
@@ -363,30 +411,38 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         self : object
             The fitted estimator.
         """
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                   backend=backend)
-        classes, y_idx = self._fit_classes(y)
-        n_heads = 1 if classes.size == 2 else classes.size
-        warm = None
-        if (
-            self.warm_start
-            and hasattr(self, "classes_")
-            and np.array_equal(self.classes_, classes)
-        ):
-            warm = self._warm_states(X.shape[1], n_heads)
-        self.classes_ = classes
-        self.device_ = device_
-        results = self._fit_heads(
-            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx, partial=False,
-        )
-        self._store(results, partial=False)
-        self._set_gpu_cache(backend)
+        progress = FitProgress(self.verbose)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                       backend=backend)
+            classes, y_idx = self._fit_classes(y)
+            sw = self._weights(classes, y, sw)
+            progress.stage("input checks")
+            n_heads = 1 if classes.size == 2 else classes.size
+            warm = None
+            if (
+                self.warm_start
+                and hasattr(self, "classes_")
+                and np.array_equal(self.classes_, classes)
+            ):
+                warm = self._warm_states(X.shape[1], n_heads)
+            results = self._fit_heads(
+                X, self._targets(y_idx, classes), sw, backend, warm, stratify=y_idx,
+                partial=False, progress=progress,
+            )
+            commit(self, {"classes_": classes, "device_": device_,
+                          **self._fitted_attrs(results, partial=False)})
+            self._set_gpu_cache(backend)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch over ``X``, continuing from the current model.
+
+        The classes, the number of features and ``n_factors`` cannot change
+        between calls (a ``ValueError`` says so); ``class_weight="balanced"``
+        is refused (a part of the data cannot balance the classes).
 
         Parameters
         ----------
@@ -400,27 +456,34 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         -------
         self : object
         """
+        progress = FitProgress(self.verbose)
+        refuse_balanced_partial_fit(self.class_weight)
         first = not hasattr(self, "classes_")
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit.")
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
-                                   backend=backend)
-        y_idx = self._partial_fit_classes(y, classes)
-        n_heads = 1 if self.classes_.size == 2 else self.classes_.size
-        warm = self._warm_states(X.shape[1], n_heads)
-        self.device_ = device_
-        results = self._fit_heads(
-            X, self._targets(y_idx), sw, backend, warm, stratify=y_idx, partial=True,
-        )
-        self._store(results, partial=True)
-        self._set_gpu_cache(backend)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                       backend=backend)
+            self._check_partial_fit_model(X.shape[1])
+            # the first call sets classes_ here (restored if the fit fails)
+            y_idx = self._partial_fit_classes(y, classes)
+            classes = self.classes_
+            sw = self._weights(classes, y, sw)
+            progress.stage("input checks")
+            n_heads = 1 if classes.size == 2 else classes.size
+            warm = self._warm_states(X.shape[1], n_heads)
+            results = self._fit_heads(
+                X, self._targets(y_idx, classes), sw, backend, warm, stratify=y_idx,
+                partial=True, progress=progress,
+            )
+            commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
+            self._set_gpu_cache(backend)
         return self
 
-    def _set_model(self, W, b, V):
-        self.coef_ = W
-        self.intercept_ = b
-        self.factors_ = V[0] if V.shape[0] == 1 else V
+    @staticmethod
+    def _model_attrs(W, b, V):
+        return {"coef_": W, "intercept_": b, "factors_": V[0] if V.shape[0] == 1 else V}
 
     def _heads(self):
         if self.factors_.ndim == 2:
@@ -447,7 +510,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
 
     trained by cuWide's mini-batch solvers on the GPU (on the CPU without
-    one), in float32; float64 input is accepted.
+    one), in float32; float64 input is accepted, and the fitted arrays are
+    float32.
+
+    A fit that diverges (a loss or a parameter that is not finite) raises a
+    ``ValueError`` saying what to do, and one whose loss ends far above a
+    constant prediction's warns a ``ConvergenceWarning``.  A fit that fails
+    or is interrupted leaves the estimator as it was before.
 
     Parameters
     ----------
@@ -455,11 +524,11 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
 
     Attributes
     ----------
-    coef_ : ndarray of shape (n_features,)
+    coef_ : ndarray of shape (n_features,), float32
         Linear weights.
-    intercept_ : ndarray of shape (1,)
+    intercept_ : ndarray of shape (1,), float32
         Intercept.
-    factors_ : ndarray of shape (n_features, n_factors)
+    factors_ : ndarray of shape (n_features, n_factors), float32
         The factor vectors of the features.
     n_iter_ : int
         Epochs run.
@@ -492,6 +561,33 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
 
     _loss = "squared"
 
+    def __init__(
+        self,
+        *,
+        n_factors=8,
+        alpha=1e-4,
+        beta=1e-3,
+        scale_penalty=False,
+        fit_linear=True,
+        fit_intercept=True,
+        init_scale=0.01,
+        solver="adagrad",
+        batch_size=1024,
+        learning_rate="auto",
+        max_iter=100,
+        tol=1e-4,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        shuffle=True,
+        warm_start=False,
+        random_state=None,
+        device="auto",
+        verbose=0,
+        concurrency="auto",
+    ):
+        self._set_fm_params(locals())
+
     def _intercept_init(self, t, sw):
         return float(np.dot(sw, t) / sw.sum())
 
@@ -513,21 +609,28 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         self : object
             The fitted estimator.
         """
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                   y_numeric=True, backend=backend)
-        warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
-        self.device_ = device_
-        results = self._fit_heads(
-            X, [y], sw, backend, warm, stratify=None, partial=False,
-        )
-        self._store(results, partial=False)
-        self._set_gpu_cache(backend)
+        progress = FitProgress(self.verbose)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                       y_numeric=True, backend=backend)
+            check_weight_range(sw)
+            progress.stage("input checks")
+            warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
+            results = self._fit_heads(
+                X, [y], sw, backend, warm, stratify=None, partial=False,
+                progress=progress,
+            )
+            commit(self, {"device_": device_, **self._fitted_attrs(results, partial=False)})
+            self._set_gpu_cache(backend)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over ``X``, continuing from the current model.
+
+        The number of features and ``n_factors`` cannot change between calls
+        (a ``ValueError`` says so).
 
         Parameters
         ----------
@@ -539,23 +642,27 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         -------
         self : object
         """
+        progress = FitProgress(self.verbose)
         first = not hasattr(self, "coef_")
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
-                                   y_numeric=True, backend=backend)
-        warm = None if first else self._warm_states(X.shape[1], 1)
-        self.device_ = device_
-        results = self._fit_heads(
-            X, [y], sw, backend, warm, stratify=None, partial=True,
-        )
-        self._store(results, partial=True)
-        self._set_gpu_cache(backend)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                       y_numeric=True, backend=backend)
+            self._check_partial_fit_model(X.shape[1])
+            check_weight_range(sw)
+            progress.stage("input checks")
+            warm = None if first else self._warm_states(X.shape[1], 1)
+            results = self._fit_heads(
+                X, [y], sw, backend, warm, stratify=None, partial=True,
+                progress=progress,
+            )
+            commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
+            self._set_gpu_cache(backend)
         return self
 
-    def _set_model(self, W, b, V):
-        self.coef_ = W[0]
-        self.intercept_ = b
-        self.factors_ = V[0]
+    @staticmethod
+    def _model_attrs(W, b, V):
+        return {"coef_": W[0], "intercept_": b, "factors_": V[0]}
 
     def _heads(self):
         return [(self.coef_[:, None], self.intercept_, self.factors_)]

@@ -1,16 +1,14 @@
 """GPULogisticRegression: a drop-in for scikit-learn's LogisticRegression."""
 
-import inspect
 import math
 import warnings
+from functools import update_wrapper
 from numbers import Real
 
 import numpy as np
 from scipy.special import log_softmax
 from sklearn.base import ClassifierMixin, _fit_context
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import Hidden, Interval, StrOptions
-from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils._param_validation import Hidden, Interval, InvalidParameterError, StrOptions
 from sklearn.utils.metaestimators import available_if
 
 from ._base import (
@@ -24,35 +22,64 @@ from ._base import (
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
+    check_weight_range,
+    class_weighted,
+    commit,
     fit_heads,
     logit_prior,
     optimizer_arrays,
+    refuse_balanced_partial_fit,
     restore_accumulators,
+    restore_on_failure,
 )
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
-from ._state import ModelState, StepParams
+from ._state import FitProgress, ModelState, StepParams
 
 __all__ = ["GPULogisticRegression"]
 
-
-_HAS_CW_SAMPLE_WEIGHT = (
-    "sample_weight" in inspect.signature(compute_class_weight).parameters
-)
-
-
-def _class_weighted(class_weight, classes, y, sample_weight):
-    """``sample_weight`` times the weight of each sample's class (a new array),
-    as scikit-learn's LogisticRegression computes it."""
-    if class_weight is None:
-        return sample_weight
-    kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
-    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
-    return sample_weight * cw[np.searchsorted(classes, y)]
+#: the class weights times the sample weights (the benchmarks' hook,
+#: ``_profiling``, imports it from here)
+_class_weighted = class_weighted
 
 
 def _is_minibatch(est):
     return est.solver != "lbfgs"
+
+
+class _available_if_explained:
+    """:func:`sklearn.utils.metaestimators.available_if`, whose
+    ``AttributeError`` says why the method is missing and what to do.
+
+    The method is the one of ``available_if(check)``: ``hasattr`` is False
+    when ``check`` fails, as scikit-learn's checks expect; only the message
+    of the error changes, to ``why(obj)``.
+    """
+
+    def __init__(self, check, why):
+        self._check = check
+        self._why = why
+
+    def __call__(self, fn):
+        self._inner = available_if(self._check)(fn)
+        update_wrapper(self, fn)
+        return self
+
+    def __get__(self, obj, owner=None):
+        try:
+            return self._inner.__get__(obj, owner)
+        except AttributeError:
+            raise AttributeError(self._why(obj)) from None
+
+
+def _partial_fit_needs_minibatch(est):
+    return (
+        f"This {type(est).__name__} has no attribute 'partial_fit' with "
+        f"solver={est.solver!r}: lbfgs fits the whole data at once. partial_fit "
+        "trains one epoch at a time with the mini-batch solvers: set "
+        "solver='sgd' or solver='adagrad' (e.g. "
+        f"{type(est).__name__}(solver='adagrad'))."
+    )
 
 
 class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstimator):
@@ -70,7 +97,14 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             + (1 - l1_ratio) / (2 C S) * ||W||_2^2 + l1_ratio / (C S) * ||W||_1
 
     Computation is in float32 (what the GPU runs; ``"lbfgs"`` accumulates in
-    float64); float64 input is accepted.
+    float64); float64 input is accepted.  The fitted arrays (``coef_``,
+    ``intercept_``) are float32 whatever the solver.
+
+    A fit that diverges (a loss or a coefficient that is not finite) raises
+    a ``ValueError`` saying what to do; a mini-batch fit whose loss ends far
+    above a constant prediction's, or an L-BFGS fit that stops short of
+    ``tol``, warns a ``ConvergenceWarning``.  A fit that fails or is
+    interrupted leaves the estimator as it was before.
 
     Parameters
     ----------
@@ -96,7 +130,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         with ``early_stopping``) has not improved by ``tol`` for
         ``n_iter_no_change`` epochs.
     max_iter : int, default=100
-        Most L-BFGS iterations, or most epochs of a mini-batch solver.
+        Most L-BFGS iterations, or most epochs of a mini-batch solver: at
+        least 1 for them (as scikit-learn's SGDClassifier); ``"lbfgs"``
+        accepts 0 as scikit-learn's LogisticRegression does (the starting
+        model, with a ``ConvergenceWarning``).
     warm_start : bool, default=False
         Start from the previous fit's coefficients (and Adagrad's
         accumulators) when their shapes match.
@@ -104,8 +141,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         Seeds the row shuffling, the epoch order and the validation split of
         the mini-batch solvers (``"lbfgs"`` is deterministic).
     verbose : int, default=0
-        Above 0, print one line per epoch (loss, validation loss, samples per
-        second) or per L-BFGS iteration.
+        Above 0, print one line per setup stage (input checks, the layout,
+        the initial state, ...) with its time, then one per epoch (loss,
+        validation loss) or per L-BFGS iteration, with the samples per second
+        over the whole fit so far.
     solver : {"lbfgs", "sgd", "adagrad"}, default="lbfgs"
         ``"lbfgs"``: full batch, the same optimum as scikit-learn's
         LogisticRegression for the same ``C``.  ``"sgd"`` and ``"adagrad"``:
@@ -122,7 +161,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         Shuffle the rows once and the order of the mini-batches every epoch.
     early_stopping : bool, default=False
         Hold out ``validation_fraction`` of the training data (stratified)
-        and stop when its loss stops improving (mini-batch solvers).
+        and stop when its loss stops improving (mini-batch solvers;
+        ``"lbfgs"`` raises a ``ValueError``).
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
@@ -146,9 +186,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     ----------
     classes_ : ndarray of shape (n_classes,)
         The class labels.
-    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features), float32
         Coefficients (one row for a binary problem, for ``classes_[1]``).
-    intercept_ : ndarray of shape (1,) or (n_classes,)
+    intercept_ : ndarray of shape (1,) or (n_classes,), float32
         Intercepts (zeros when ``fit_intercept=False``).
     n_iter_ : ndarray of shape (1,)
         L-BFGS iterations, or epochs run by a mini-batch solver.
@@ -292,7 +332,30 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self : object
             The fitted estimator.
         """
+        progress = FitProgress(self.verbose)
         C, l1_ratio = self._regularization()
+        self._check_solver_options(C, l1_ratio)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                       backend=backend)
+            classes, y_idx = self._fit_classes(y)
+            sw = self._weights(classes, y, sw)
+            progress.stage("input checks")
+            warm = self._warm_arrays(X.shape[1], classes)
+            if self.solver == "lbfgs":
+                fitted = self._lbfgs_attrs(X, y_idx, sw, C, backend, warm, classes,
+                                           progress)
+            else:
+                fitted = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                               classes, partial=False, progress=progress)
+            commit(self, {"classes_": classes, "device_": device_, **fitted})
+            self._set_gpu_cache(backend)
+        return self
+
+    def _check_solver_options(self, C, l1_ratio):
+        """The parameters the chosen solver cannot honour: an error that says
+        which solver can."""
         if self.solver == "lbfgs" and l1_ratio > 0 and math.isfinite(C):
             penalty = "l1" if l1_ratio == 1 else "elasticnet"
             raise ValueError(
@@ -300,31 +363,39 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "penalty (l1_ratio > 0). Use solver='sgd' or solver='adagrad' "
                 "for an L1 or elastic-net penalty."
             )
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                   backend=backend)
-        classes, y_idx = self._fit_classes(y)
-        sw = _class_weighted(self.class_weight, classes, y, sw)
+        if self.solver == "lbfgs" and self.early_stopping:
+            raise ValueError(
+                "early_stopping=True needs a mini-batch solver: lbfgs minimises "
+                "the objective over the whole data and stops at tol. Set "
+                "solver='sgd' or solver='adagrad' to stop on a held-out part, or "
+                "early_stopping=False."
+            )
+        if self.solver != "lbfgs" and self.max_iter < 1:
+            raise InvalidParameterError(
+                f"The 'max_iter' parameter of {type(self).__name__} must be an int "
+                f"in the range [1, inf) with solver={self.solver!r} (the epochs, "
+                f"as scikit-learn's SGDClassifier); got {self.max_iter!r}. Only "
+                "solver='lbfgs' accepts max_iter=0."
+            )
+
+    def _weights(self, classes, y, sw):
+        """The sample weights times the class weights, checked."""
+        sw = class_weighted(self.class_weight, classes, y, sw)
         if not sw.sum() > 0:
             raise ValueError("The sample weights times the class weights sum to 0.")
-        warm = self._warm_arrays(X.shape[1], classes)
-        self.classes_ = classes
-        self.device_ = device_
-        if self.solver == "lbfgs":
-            self._fit_lbfgs(X, y_idx, sw, C, backend, warm)
-        else:
-            self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm,
-                                partial=False)
-        self._set_gpu_cache(backend)
-        return self
+        check_weight_range(sw)
+        return sw
 
-    @available_if(_is_minibatch)
+    @_available_if_explained(_is_minibatch, _partial_fit_needs_minibatch)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch of the mini-batch solver over ``X`` (``"sgd"``, ``"adagrad"``).
 
         Continues from the current model (and Adagrad's accumulators).  The
         regularisation of this call uses the total sample weight of ``X``.
+        Only with ``solver="sgd"`` or ``"adagrad"``: with ``"lbfgs"`` the
+        estimator has no ``partial_fit`` (an ``AttributeError`` says so).
+        The classes and the number of features cannot change between calls.
 
         Parameters
         ----------
@@ -338,26 +409,26 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         -------
         self : object
         """
-        if self.class_weight == "balanced":
-            raise ValueError(
-                "class_weight='balanced' is not supported by partial_fit: compute "
-                "the weights once with sklearn.utils.class_weight."
-                "compute_class_weight('balanced', classes=classes, y=y) on a "
-                "large enough sample of y and pass them as a dict."
-            )
+        progress = FitProgress(self.verbose)
+        refuse_balanced_partial_fit(self.class_weight)
         C, l1_ratio = self._regularization()
         first = not hasattr(self, "classes_")
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit.")
-        device_, backend = _fit_device(self.device, X)
-        X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
-                                   backend=backend)
-        y_idx = self._partial_fit_classes(y, classes)
-        sw = _class_weighted(self.class_weight, self.classes_, y, sw)
-        warm = self._warm_arrays(X.shape[1], self.classes_, force=True)
-        self.device_ = device_
-        self._fit_minibatch(X, y_idx, sw, C, l1_ratio, backend, warm, partial=True)
-        self._set_gpu_cache(backend)
+        with restore_on_failure(self):
+            device_, backend = _fit_device(self.device, X)
+            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=first,
+                                       backend=backend)
+            # the first call sets classes_ here (restored if the fit fails)
+            y_idx = self._partial_fit_classes(y, classes)
+            classes = self.classes_
+            sw = self._weights(classes, y, sw)
+            progress.stage("input checks")
+            warm = self._warm_arrays(X.shape[1], classes, force=True)
+            fitted = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                           classes, partial=True, progress=progress)
+            commit(self, {"device_": device_, **fitted})
+            self._set_gpu_cache(backend)
         return self
 
     def _warm_arrays(self, n_features, classes, force=False):
@@ -371,8 +442,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             return None
         return self.coef_, self.intercept_, getattr(self, "_optimizer_state", None)
 
-    def _fit_lbfgs(self, X, y_idx, sw, C, backend, warm):
-        n_classes = self.classes_.size
+    def _lbfgs_attrs(self, X, y_idx, sw, C, backend, warm, classes, progress):
+        """The fitted attributes of an L-BFGS fit (a dict; nothing is set)."""
+        n_classes = classes.size
         D = 1 if n_classes == 2 else n_classes
         Xc = canonical_csr(X, COMPUTE_DTYPE)
         coef, intercept, n_iter, curve = fit_lbfgs_linear(
@@ -389,22 +461,27 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             coef_init=None if warm is None else warm[0],
             intercept_init=None if warm is None else warm[1],
             verbose=self.verbose,
+            progress=progress,
         )
-        if self.max_iter > 0 and n_iter >= self.max_iter:
-            warnings.warn(
-                f"lbfgs failed to converge after {n_iter} iteration(s) "
-                f"(max_iter={self.max_iter}). Increase max_iter or scale the data.",
-                ConvergenceWarning,
-            )
-        self.coef_ = np.asarray(coef, dtype=np.float64)
-        self.intercept_ = np.asarray(intercept, dtype=np.float64)
-        self.n_iter_ = np.array([n_iter], dtype=np.int32)
-        self.loss_curve_ = [float(v) for v in curve]
-        self._optimizer_state = None
+        return {
+            "coef_": np.asarray(coef, dtype=COMPUTE_DTYPE),
+            "intercept_": np.asarray(intercept, dtype=COMPUTE_DTYPE),
+            "n_iter_": np.array([n_iter], dtype=np.int32),
+            "loss_curve_": [float(v) for v in curve],
+            "_optimizer_state": None,
+        }
 
     def _fit_minibatch(self, X, y_idx, sw, C, l1_ratio, backend, warm, *, partial):
+        """A mini-batch fit with ``classes_`` already set, committed at once
+        (the benchmarks' hook, ``_profiling``, calls it)."""
+        commit(self, self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                           self.classes_, partial=partial))
+
+    def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
+                         partial, progress=None):
+        """The fitted attributes of a mini-batch fit (a dict; nothing is set)."""
         n_features = X.shape[1]
-        D = 1 if self.classes_.size == 2 else self.classes_.size
+        D = 1 if classes.size == 2 else classes.size
         loss = "logistic" if D == 1 else "multinomial"
         adagrad = self.solver == "adagrad"
 
@@ -440,18 +517,21 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         (res,) = fit_heads(
             X, [y_idx], sw, backend=backend, schedule=_schedule(self, partial=partial),
             n_outputs=D, n_factors=0, make_params=make_params, init_state=init_state,
-            warm=warm_states, stratify=y_idx,
+            warm=warm_states, stratify=y_idx, progress=progress, partial=partial,
         )
-        self.coef_ = np.ascontiguousarray(res.state.w.T)
-        self.intercept_ = (np.array(res.state.b) if self.fit_intercept
-                           else np.zeros(D, dtype=COMPUTE_DTYPE))
+        fitted = {
+            "coef_": np.ascontiguousarray(res.state.w.T, dtype=COMPUTE_DTYPE),
+            "intercept_": (np.array(res.state.b, dtype=COMPUTE_DTYPE)
+                           if self.fit_intercept else np.zeros(D, dtype=COMPUTE_DTYPE)),
+            "_optimizer_state": optimizer_arrays(res.state) if adagrad else None,
+        }
         if partial and hasattr(self, "n_iter_"):
-            self.n_iter_ = self.n_iter_ + res.n_iter
-            self.loss_curve_ = list(self.loss_curve_) + res.loss_curve
+            fitted["n_iter_"] = self.n_iter_ + res.n_iter
+            fitted["loss_curve_"] = list(self.loss_curve_) + res.loss_curve
         else:
-            self.n_iter_ = np.array([res.n_iter], dtype=np.int32)
-            self.loss_curve_ = res.loss_curve
-        self._optimizer_state = optimizer_arrays(res.state) if adagrad else None
+            fitted["n_iter_"] = np.array([res.n_iter], dtype=np.int32)
+            fitted["loss_curve_"] = res.loss_curve
+        return fitted
 
     # ------------------------------------------------------------------
     # predict

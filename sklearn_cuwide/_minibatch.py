@@ -9,21 +9,32 @@ training layout shared by the heads, the concurrency, and the solver
 (:func:`sklearn_cuwide._solvers.fit_minibatch`) per head.
 """
 
+import inspect
+import math
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
+from sklearn.utils.class_weight import compute_class_weight
 
 from . import _device
 from ._backends import _concurrency
-from ._solvers import fit_minibatch
+from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr
+from ._state import FitProgress
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate",
-           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE",
+           "restore_on_failure", "commit", "class_weighted", "check_weight_range",
+           "refuse_balanced_partial_fit"]
 
-#: the dtype of the model state and of the training layout's values
+#: the dtype of the model state and of the training layout's values, and of
+#: every fitted array (``coef_``, ``intercept_``, ``factors_``) whatever the
+#: solver
 COMPUTE_DTYPE = np.float32
 
 
@@ -56,8 +67,15 @@ class HeadResult:
 
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
-              make_params, init_state, warm=None, stratify=None):
+              make_params, init_state, warm=None, stratify=None, progress=None,
+              partial=False):
     """Train one model per target vector on one shared training layout.
+
+    A head whose last epoch's training loss ends far above the loss of a
+    constant prediction (the steps blew up without overflowing) warns a
+    ``ConvergenceWarning`` (not for ``partial``: one part of the data may
+    legitimately disagree with the model of the parts before); a loss or a
+    model that is not finite raises (:func:`~sklearn_cuwide._solvers.fit_minibatch`).
 
     Parameters
     ----------
@@ -78,11 +96,17 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         then not warmed up again.
     stratify : ndarray (n_samples,) or None
         Class indices to stratify the early-stopping split on.
+    progress : FitProgress or None
+        The fit's log (its setup stages and epochs); None makes one from
+        ``schedule.verbose``.
+    partial : bool
+        One epoch of ``partial_fit`` (no comparison with a constant model).
 
     Returns
     -------
     list of HeadResult
     """
+    progress = FitProgress(schedule.verbose) if progress is None else progress
     seed_split, seed_layout, seed_epochs, seed_init = _seeds(schedule.random_state)
     X = canonical_csr(X)
     tr = va = None
@@ -91,7 +115,9 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                                    seed_split)
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
         X, sample_weight = _take_rows(X, tr, backend), sample_weight[tr]
+        progress.stage("validation split")
     params = make_params(X, sample_weight)
+    progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
                                                  schedule.batch_size)
     layout = backend.build_layout(
@@ -100,10 +126,11 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         dtype=COMPUTE_DTYPE,
     )
     workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
+    progress.stage("layout")
     # a fresh model's first steps move it most: they are taken from the
     # freshest weights, with the workers added in stages
     ramp = _concurrency.default_ramp(params.model) if warm is None else 0
-    results = []
+    results, blown_up = [], []
     for k, t in enumerate(targets):
         t = np.asarray(t, dtype=np.float64)
         validation = None
@@ -112,20 +139,67 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             t = t[tr]
         state = warm[k] if warm is not None else init_state(k, t, sample_weight,
                                                            seed_init + k)
+        prefix = "" if len(targets) == 1 else f"model {k + 1} of {len(targets)}, "
         out, n_iter, curve, _ = fit_minibatch(
             layout, t.astype(COMPUTE_DTYPE), sample_weight, state, params,
             backend=backend, max_iter=schedule.max_iter, tol=schedule.tol,
             n_iter_no_change=schedule.n_iter_no_change, shuffle=schedule.shuffle,
             random_state=seed_epochs + k, validation=validation,
             verbose=schedule.verbose, workers=workers, ramp=ramp,
+            progress=progress, log_prefix=prefix,
         )
-        results.append(HeadResult(out, n_iter, [float(v) for v in curve]))
+        curve = [float(v) for v in curve]
+        base = constant_loss(t, sample_weight, params.loss, n_outputs)
+        if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
+            blown_up.append((prefix, curve[-1], base))
+        results.append(HeadResult(out, n_iter, curve))
+    if blown_up:
+        _warn_blown_up(blown_up, params)
     return results
 
 
 # --------------------------------------------------------------------------
 # the pieces
 # --------------------------------------------------------------------------
+#: a head whose last epoch's mean training loss ends above this many times
+#: the larger of 1 and the loss of a constant prediction has blown up: a
+#: ConvergenceWarning (far enough that no sound fit, however noisy, does)
+_BLOWUP_FACTOR = 4.0
+
+
+def constant_loss(t, sw, loss, n_outputs):
+    """The mean loss of the zero prediction: ``log 2`` (logistic), ``log K``
+    (multinomial), half the weighted mean square of the targets (squared).
+
+    No model a sound fit ends with is worse than it by much: with an
+    intercept the fit starts from the best constant, which is better still.
+    """
+    if loss == "logistic":
+        return math.log(2.0)
+    if loss == "multinomial":
+        return math.log(max(int(n_outputs), 2))
+    t = np.asarray(t, dtype=np.float64)
+    return 0.5 * float(np.dot(sw, t * t) / sw.sum())
+
+
+def _warn_blown_up(blown_up, params):
+    """One ConvergenceWarning for the heads whose last epoch's mean training
+    loss ended far above a constant prediction's: large steps made the model
+    worse than no model, without overflowing.  ``blown_up``: ``(prefix,
+    loss, constant loss)`` of each."""
+    prefix, last, base = blown_up[0]
+    which = f" ({prefix.rstrip(', ')})" if prefix else ""
+    more = f", and {len(blown_up) - 1} other model(s) too" if len(blown_up) > 1 else ""
+    warnings.warn(
+        f"The fit diverged: the training loss of the last epoch{which} is "
+        f"{last:.4g}, far above the {base:.4g} of a constant prediction{more} "
+        f"(solver={params.solver!r}, learning_rate={params.learning_rate:.3g}). "
+        f"Lower learning_rate, or {_SCALE_HINT}.",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
+
+
 def _seeds(random_state, n=4):
     """``n`` independent integer seeds drawn from ``random_state``: the
     early-stopping split, the layout's row order, the epochs' batch order
@@ -247,3 +321,87 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,
         v = g / lam
     lam = max(lam, 1e-12)
     return 1.0 / (_CURVATURE[loss] * lam)
+
+
+# --------------------------------------------------------------------------
+# what the estimators share around a fit
+# --------------------------------------------------------------------------
+@contextmanager
+def restore_on_failure(est):
+    """Leave ``est`` exactly as it was if the body raises, a
+    ``KeyboardInterrupt`` included.
+
+    A fit computes its fitted attributes into locals and sets them with
+    :func:`commit` at its end; the input checks it shares with the other estimators
+    (``validate_data``, the first ``partial_fit``'s classes) set a few
+    attributes before the training, and the commit itself may be
+    interrupted: both are undone here, so a failed or interrupted refit
+    keeps the previous model whole and consistent (or the estimator
+    unfitted when it was).
+    """
+    saved = dict(est.__dict__)
+    try:
+        yield
+    except BaseException:
+        est.__dict__.clear()
+        est.__dict__.update(saved)
+        raise
+
+
+def commit(est, fitted):
+    """Set a fit's attributes (a dict) on the estimator, all at once."""
+    for name, value in fitted.items():
+        setattr(est, name, value)
+
+
+_HAS_CW_SAMPLE_WEIGHT = (
+    "sample_weight" in inspect.signature(compute_class_weight).parameters
+)
+
+
+def class_weighted(class_weight, classes, y, sample_weight):
+    """``sample_weight`` times the weight of each sample's class (a new array),
+    as scikit-learn's LogisticRegression computes it."""
+    if class_weight is None:
+        return sample_weight
+    kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
+    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
+    return sample_weight * cw[np.searchsorted(classes, y)]
+
+
+def refuse_balanced_partial_fit(class_weight):
+    """``partial_fit`` sees a part of the data: it cannot balance the classes."""
+    if isinstance(class_weight, str) and class_weight == "balanced":
+        raise ValueError(
+            "class_weight='balanced' is not supported by partial_fit: compute "
+            "the weights once with sklearn.utils.class_weight."
+            "compute_class_weight('balanced', classes=classes, y=y) on a "
+            "large enough sample of y and pass them as a dict."
+        )
+
+
+_F32 = np.finfo(COMPUTE_DTYPE)
+_F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
+
+
+def check_weight_range(sw):
+    """The sample weights (times the class weights) must be representable in
+    the compute dtype, float32, in which the model is trained: a weight or a
+    sum of weights above its range would become inf, and weights all below
+    its smallest normal number would lose their precision or become 0."""
+    top, total = float(sw.max()), float(sw.sum())
+    if top > _F32_MAX or total > _F32_MAX:
+        what = (f"weights up to {top:.3g}, summing to {total:.3g}: beyond the range "
+                f"of float32 (up to {_F32_MAX:.3g})")
+    elif 0 < top < _F32_TINY:
+        what = (f"weights of at most {top:.3g}: below float32's smallest normal "
+                f"number ({_F32_TINY:.3g})")
+    else:
+        return
+    raise ValueError(
+        f"sample_weight (times class_weight) holds {what}, and the model is "
+        "computed in float32. Multiply the weights by a common factor k, e.g. "
+        "sample_weight / sample_weight.max(): only their ratios matter to the "
+        "factorization machines, and logistic regression gives the same model "
+        "with C divided by k."
+    )

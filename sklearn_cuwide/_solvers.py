@@ -11,14 +11,23 @@ lifting on its device; the code here is the same for both.
 """
 
 import math
-import time
+import warnings
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
+from ._state import FitProgress
 
 __all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights"]
+
+#: what to do about a fit that diverged or could not progress, said by every
+#: error and warning about it
+_SCALE_HINT = (
+    "scale the features (e.g. with sklearn.preprocessing.MaxAbsScaler, which "
+    "keeps sparse data sparse)"
+)
 
 
 def batch_weights(layout, sw_layout):
@@ -47,11 +56,17 @@ def fit_lbfgs_linear(
     coef_init=None,
     intercept_init=None,
     verbose=0,
+    progress=None,
 ):
     """Minimise ``mean_s(loss) + ||W||^2 / (2 C sum(s))`` with L-BFGS.
 
     This is scikit-learn's ``LogisticRegression`` objective (divided by
     ``sum(s)``), so for the same ``C`` both reach the same coefficients.
+
+    A fit that stops short of ``tol`` warns a ``ConvergenceWarning`` as
+    scikit-learn's does: after ``max_iter`` iterations, or when the line
+    search finds no step that lowers the objective (data of very large
+    values); a solution that is not finite raises a ``ValueError``.
 
     Parameters
     ----------
@@ -62,12 +77,16 @@ def fit_lbfgs_linear(
     loss : {"logistic", "multinomial", "squared"}
     n_outputs : int
     C : float (``np.inf`` for no penalty)
+    progress : FitProgress or None
+        The fit's log (one line per iteration when verbose); None makes
+        one from ``verbose``.
 
     Returns
     -------
     coef : ndarray (n_outputs, n_features), intercept : ndarray (n_outputs,),
     n_iter : int, loss_curve : list of float
     """
+    progress = FitProgress(verbose) if progress is None else progress
     xp = backend.xp
     n, d = X.shape
     D = int(n_outputs)
@@ -92,17 +111,38 @@ def fit_lbfgs_linear(
     if intercept_init is not None and fit_intercept:
         x0[d * D :] = xp.asarray(backend.to_device(np.asarray(intercept_init)))
     curve = []
+    evaluations = [0]  # objective evaluations since the last iteration
+
+    def counted(x):
+        evaluations[0] += 1
+        return fun_grad(x)
 
     def cb(it, f):
         curve.append(f)
-        if verbose:
-            print(f"Iteration {it}: loss {f:.6f}", flush=True)
+        progress.step(f"Iteration {it}", f"loss {f:.6f}", evaluations[0] * n)
+        evaluations[0] = 0
 
-    x, f, n_iter, _ = minimize_lbfgs(
-        fun_grad, x0, xp, max_iter=max_iter, gtol=tol, callback=cb,
+    progress.stage("objective")
+    x, f, n_iter, converged = minimize_lbfgs(
+        counted, x0, xp, max_iter=max_iter, gtol=tol, callback=cb,
         memory_ops=backend.lbfgs_memory_ops(),
     )
     x = np.asarray(backend.to_host(x))
+    if not np.isfinite(x).all():
+        raise ValueError(
+            f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
+            f"{_SCALE_HINT}."
+        )
+    if not converged:
+        if n_iter >= max_iter:
+            why = (f"(max_iter={max_iter}). Increase max_iter, or {_SCALE_HINT}.")
+        else:
+            why = ("(the line search found no step that lowers the objective, "
+                   f"whose largest gradient entry is still above tol={tol:g}). This "
+                   f"happens when X holds very large values: {_SCALE_HINT}, or "
+                   "increase tol.")
+        warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
+                      ConvergenceWarning, stacklevel=2)
     coef = x[: d * D].reshape(d, D).T.copy()
     intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
     return coef, intercept, n_iter, curve
@@ -163,8 +203,16 @@ def fit_minibatch(
     verbose=0,
     workers=None,
     ramp=0,
+    progress=None,
+    log_prefix="",
 ):
     """Epochs of mini-batch sgd/adagrad over a tile layout.
+
+    A fit that diverges raises a ``ValueError`` that says what to do (as
+    scikit-learn's SGDClassifier does): an epoch's training or validation
+    loss that is not finite or beyond the range of the state's dtype (read
+    once per epoch, as the loss curve needs it), or a fitted state that is
+    not finite at the end.
 
     Parameters
     ----------
@@ -190,11 +238,18 @@ def fit_minibatch(
         The first epoch's warm-up: mini-batches per worker of each stage of
         1, 2, 4, ... workers before ``workers`` (0: none; later epochs never
         warm up).
+    progress : FitProgress or None
+        The fit's log (one line per epoch when verbose, after an "initial
+        state" stage: the state and the data on the device); None makes one
+        from ``verbose``.
+    log_prefix : str
+        What the lines of this model start with (one-vs-rest: which model).
 
     Returns
     -------
     state (numpy, user order), n_iter, loss_curve, validation_curve
     """
+    progress = FitProgress(verbose) if progress is None else progress
     xp = backend.xp
     rng = np.random.default_rng(random_state)
     ro = layout.row_order
@@ -219,6 +274,10 @@ def fit_minibatch(
             xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
         )
 
+    progress.stage(f"{log_prefix}initial state")
+    # a loss beyond the compute dtype's range is inf where the margins are
+    # computed in it (the GPU): diverged on every backend alike
+    loss_limit = float(np.finfo(dt).max)
     loss_curve, val_curve = [], []
     best, no_improve = math.inf, 0
     n_iter = 0
@@ -226,27 +285,28 @@ def fit_minibatch(
         order = rng.permutation(layout.n_batches) if shuffle else None
         if order is None:
             order = np.arange(layout.n_batches)
-        t0 = time.perf_counter()
         lsum = backend.run_epoch(
             dev_layout, dev_y, dev_sw, bw, dstate, params, order,
             workers=workers, ramp=ramp if epoch == 0 else 0,
         )
-        dt_epoch = time.perf_counter() - t0
         n_iter = epoch + 1
         ep_loss = float(lsum) / total_w if total_w > 0 else 0.0
+        if not ep_loss <= loss_limit:
+            raise _diverged(f"the training loss of epoch {n_iter} is {ep_loss:.4g}",
+                            params)
         loss_curve.append(ep_loss)
         monitored = ep_loss
-        msg = f"Epoch {n_iter}: loss {ep_loss:.6f}"
+        msg = f"loss {ep_loss:.6f}"
         if val is not None:
             vl = _validation_loss(backend, *val, dstate, params)
+            if not vl <= loss_limit:
+                raise _diverged(f"the validation loss of epoch {n_iter} is {vl:.4g}",
+                                params)
             val_curve.append(vl)
             monitored = vl
             msg += f", validation loss {vl:.6f}"
-        if verbose:
-            rate = layout.n_rows / dt_epoch if dt_epoch > 0 else float("inf")
-            print(f"{msg}, {rate:,.0f} samples/s", flush=True)
-        if not math.isfinite(ep_loss):
-            break
+        label = f"{log_prefix}epoch {n_iter}"
+        progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
         if tol is not None:
             if monitored > best - tol:
                 no_improve += 1
@@ -256,4 +316,19 @@ def fit_minibatch(
             if no_improve >= n_iter_no_change:
                 break
     out = backend.get_state(dstate).permute_features(layout.feature_rank)
+    bad = [name for name, a in (("coefficients", out.w), ("intercepts", out.b),
+                                ("factors", out.V))
+           if a is not None and not np.isfinite(a).all()]
+    if bad:
+        raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
+                        f"after {n_iter} epoch(s)", params)
     return out, n_iter, loss_curve, val_curve
+
+
+def _diverged(what, params):
+    """The error of a mini-batch fit that diverged: what happened, and what
+    to do."""
+    return ValueError(
+        f"The fit diverged: {what} (solver={params.solver!r}, learning_rate="
+        f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}."
+    )

@@ -2,16 +2,19 @@
 
 Nothing here knows about estimators: a solver gets a :class:`ModelState` (the
 model's arrays and the optimiser's accumulators) and a :class:`StepParams`
-(the hyperparameters of one mini-batch step) and returns arrays.
+(the hyperparameters of one mini-batch step) and returns arrays;
+:class:`FitProgress` is the ``verbose`` log a fit hands down to them.
 """
 
+import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ._loss import LOSSES
 
-__all__ = ["StepParams", "ModelState", "LOSSES", "MODELS", "SOLVERS"]
+__all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS"]
 
 MODELS = ("linear", "fm")
 SOLVERS = ("sgd", "adagrad")
@@ -138,3 +141,46 @@ class ModelState:
         out.b = self.b
         out.gb = self.gb
         return out
+
+
+class FitProgress:
+    """The ``verbose`` log of one fit, and its clock.
+
+    Made when a fit starts (before its input checks), and handed down to the
+    driver and the solvers: :meth:`stage` ends a setup stage (input checks,
+    the layout, the initial state, ...) and prints its time; :meth:`step`
+    counts an epoch (or an L-BFGS iteration) and prints its line with the
+    samples per second over the wall-clock of the whole fit so far, setup
+    included, which is the rate the user waited for.  With ``verbose=0``
+    nothing is printed.
+    """
+
+    def __init__(self, verbose=0):
+        self.verbose = int(verbose or 0)
+        self.start = time.perf_counter()
+        self._mark = self.start
+        #: rows processed by the epochs (or objective evaluations) so far
+        self.samples = 0
+
+    def elapsed(self):
+        """Seconds since the fit started."""
+        return time.perf_counter() - self.start
+
+    def stage(self, name):
+        """End the setup stage ``name`` (it began where the last one ended)."""
+        now = time.perf_counter()
+        if self.verbose:
+            print(f"Setup: {name} in {now - self._mark:.3f} s", flush=True)
+        self._mark = now
+
+    def step(self, label, detail, n_samples):
+        """Count ``n_samples`` rows processed and print ``label: detail``
+        with the fit's samples per second so far."""
+        self.samples += int(n_samples)
+        now = time.perf_counter()
+        self._mark = now
+        if self.verbose:
+            total = now - self.start
+            rate = self.samples / total if total > 0 else math.inf
+            print(f"{label}: {detail}, {rate:,.0f} samples/s, "
+                  f"{total:.2f} s since the fit began", flush=True)

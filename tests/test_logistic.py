@@ -1,6 +1,7 @@
 """GPULogisticRegression on the CPU against scikit-learn's LogisticRegression
 and against itself (solvers, labels, warm starts, partial_fit)."""
 
+import copy
 import warnings
 
 import numpy as np
@@ -9,6 +10,7 @@ import scipy.sparse as sp
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
+from sklearn.utils._param_validation import InvalidParameterError
 
 from sklearn_cuwide import GPULogisticRegression
 from sklearn_cuwide.datasets import make_ctr_classification
@@ -208,26 +210,47 @@ def test_verbose_prints_one_line_per_epoch(sparse_binary, capsys):
                                 early_stopping=True, random_state=0,
                                 device="cpu").fit(X, y)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
-    assert len(lines) == est.n_iter_[0] == 3
-    assert all("loss" in ln and "validation" in ln and "samples/s" in ln for ln in lines)
+    epochs = [ln for ln in lines if ln.startswith("Epoch")]
+    assert len(epochs) == est.n_iter_[0] == 3
+    assert all("loss" in ln and "validation" in ln and "samples/s" in ln for ln in epochs)
+    # after the setup stages (tests/test_fit_integrity.py has the rest)
+    assert all(ln.startswith("Setup:") for ln in lines[:-3])
 
 
 # --------------------------------------------------------------------------
 # warm start and partial_fit
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("solver", ["lbfgs", "sgd", "adagrad"])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_warm_start_starts_from_the_previous_model_lbfgs(sparse_binary):
+    X, y = sparse_binary
+    est = GPULogisticRegression(max_iter=5, device="cpu").fit(X, y)
+    coef = est.coef_.copy()
+    # max_iter=0 is accepted as scikit-learn's LogisticRegression accepts it
+    est.set_params(warm_start=True, max_iter=0).fit(X, y)
+    assert_allclose(est.coef_, coef)
+    est.set_params(warm_start=False).fit(X, y)  # max_iter=0 from scratch
+    assert_array_equal(est.coef_, 0.0)
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adagrad"])
 def test_warm_start_starts_from_the_previous_model(sparse_binary, solver):
+    """One warm-started epoch is one partial_fit epoch from the fitted model
+    (max_iter=0, which returned the model untouched, is refused as
+    scikit-learn's SGDClassifier refuses it)."""
     X, y = sparse_binary
     est = GPULogisticRegression(solver=solver, max_iter=5, random_state=0,
                                 device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(X, y)
-    coef = est.coef_.copy()
-    est.set_params(warm_start=True, max_iter=0).fit(X, y)
-    assert_allclose(est.coef_, coef)
-    est.set_params(warm_start=False).fit(X, y)  # max_iter=0 from scratch
-    assert_array_equal(est.coef_, 0.0)
+    continued = copy.deepcopy(est).partial_fit(X, y)
+    est.set_params(warm_start=True, max_iter=1).fit(X, y)
+    assert_array_equal(est.coef_, continued.coef_)
+    fresh = GPULogisticRegression(solver=solver, max_iter=1, random_state=0,
+                                  device="cpu").fit(X, y)
+    assert not np.allclose(est.coef_, fresh.coef_)
+    with pytest.raises(InvalidParameterError, match="max_iter"):
+        est.set_params(max_iter=0).fit(X, y)
 
 
 def test_lbfgs_warm_start_converges_at_once(sparse_binary):
