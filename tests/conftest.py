@@ -1,5 +1,6 @@
 """Shared fixtures: small sparse problems and the real data sets (skipped when
-``../shared/data`` or ``$SKLEARN_CUWIDE_DATA`` does not have them)."""
+``../shared/data`` or ``$SKLEARN_CUWIDE_DATA`` does not have them), and the
+hypothesis profiles of the property tests (``tests/test_properties.py``)."""
 
 import os
 from pathlib import Path
@@ -7,6 +8,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
+
+def _in_ci():
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the property tests skip (and fail in CI) without it
+    _hypothesis_settings = None
+else:
+    # "ci": the same examples every run (derandomized) and no example
+    # database, so that CI is reproducible; "dev": random examples, failures
+    # remembered in ./.hypothesis and replayed first.  No deadline: a first
+    # example may compile or warm caches.  HYPOTHESIS_PROFILE overrides.
+    _hypothesis_settings.register_profile(
+        "ci", derandomize=True, database=None, deadline=None, print_blob=True)
+    _hypothesis_settings.register_profile("dev", deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile(
+        os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _in_ci() else "dev"))
 
 
 def data_dir():
