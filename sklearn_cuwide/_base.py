@@ -7,12 +7,15 @@ targets and hand arrays to the mini-batch driver
 (:func:`sklearn_cuwide._solvers.fit_lbfgs_linear`).
 """
 
+import inspect
+from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import (
     _check_partial_fit_first_call,
     check_classification_targets,
@@ -21,7 +24,7 @@ from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fi
 
 from . import _device
 from ._backends import get_backend
-from ._minibatch import Schedule
+from ._minibatch import COMPUTE_DTYPE, Schedule
 from ._sparse import canonical_csr
 from ._validation import check_sparse_structure
 
@@ -242,6 +245,90 @@ def _heads_to_device(backend, heads):
     ]
 
 
+# --------------------------------------------------------------------------
+# what the estimators share around a fit
+# --------------------------------------------------------------------------
+@contextmanager
+def restore_on_failure(est):
+    """Leave ``est`` exactly as it was if the body raises, a
+    ``KeyboardInterrupt`` included.
+
+    A fit computes its fitted attributes into locals and sets them with
+    :func:`commit` at its end; the input checks it shares with the other estimators
+    (``validate_data``, the first ``partial_fit``'s classes) set a few
+    attributes before the training, and the commit itself may be
+    interrupted: both are undone here, so a failed or interrupted refit
+    keeps the previous model whole and consistent (or the estimator
+    unfitted when it was).
+    """
+    saved = dict(est.__dict__)
+    try:
+        yield
+    except BaseException:
+        est.__dict__.clear()
+        est.__dict__.update(saved)
+        raise
+
+
+def commit(est, fitted):
+    """Set a fit's attributes (a dict) on the estimator, all at once."""
+    for name, value in fitted.items():
+        setattr(est, name, value)
+
+
+_HAS_CW_SAMPLE_WEIGHT = (
+    "sample_weight" in inspect.signature(compute_class_weight).parameters
+)
+
+
+def class_weighted(class_weight, classes, y, sample_weight):
+    """``sample_weight`` times the weight of each sample's class (a new array),
+    as scikit-learn's LogisticRegression computes it."""
+    if class_weight is None:
+        return sample_weight
+    kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
+    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
+    return sample_weight * cw[np.searchsorted(classes, y)]
+
+
+def refuse_balanced_partial_fit(class_weight):
+    """``partial_fit`` sees a part of the data: it cannot balance the classes."""
+    if isinstance(class_weight, str) and class_weight == "balanced":
+        raise ValueError(
+            "class_weight='balanced' is not supported by partial_fit: compute "
+            "the weights once with sklearn.utils.class_weight."
+            "compute_class_weight('balanced', classes=classes, y=y) on a "
+            "large enough sample of y and pass them as a dict."
+        )
+
+
+_F32 = np.finfo(COMPUTE_DTYPE)
+_F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
+
+
+def check_weight_range(sw):
+    """The sample weights (times the class weights) must be representable in
+    the compute dtype, float32, in which the model is trained: a weight or a
+    sum of weights above its range would become inf, and weights all below
+    its smallest normal number would lose their precision or become 0."""
+    top, total = float(sw.max()), float(sw.sum())
+    if top > _F32_MAX or total > _F32_MAX:
+        what = (f"weights up to {top:.3g}, summing to {total:.3g}: beyond the range "
+                f"of float32 (up to {_F32_MAX:.3g})")
+    elif 0 < top < _F32_TINY:
+        what = (f"weights of at most {top:.3g}: below float32's smallest normal "
+                f"number ({_F32_TINY:.3g})")
+    else:
+        return
+    raise ValueError(
+        f"sample_weight (times class_weight) holds {what}, and the model is "
+        "computed in float32. Multiply the weights by a common factor k, e.g. "
+        "sample_weight / sample_weight.max(): only their ratios matter to the "
+        "factorization machines, and logistic regression gives the same model "
+        "with C divided by k."
+    )
+
+
 class _CuWideEstimator(BaseEstimator):
     """Base of the estimators: the prediction backend and pickling.
 
@@ -319,6 +406,14 @@ class _WideClassifierMixin:
     decision values, ``classes_``, and ``_multiclass_log_proba(Z)``: the log
     probabilities from the per-class scores of a multiclass model.
     """
+
+    def _weights(self, classes, y, sw):
+        """The sample weights times the class weights, checked."""
+        sw = class_weighted(self.class_weight, classes, y, sw)
+        if not sw.sum() > 0:
+            raise ValueError("The sample weights times the class weights sum to 0.")
+        check_weight_range(sw)
+        return sw
 
     def _single_class_error(self, classes):
         return ValueError(

@@ -15,19 +15,18 @@ from ._base import (
     _fit_device,
     _schedule,
     _WideClassifierMixin,
+    check_weight_range,
+    commit,
+    refuse_balanced_partial_fit,
+    restore_on_failure,
 )
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
-    check_weight_range,
-    class_weighted,
-    commit,
     fit_heads,
     logit_prior,
     optimizer_arrays,
-    refuse_balanced_partial_fit,
     restore_accumulators,
-    restore_on_failure,
 )
 from ._state import FitProgress, ModelState, StepParams
 
@@ -384,14 +383,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         if K == 2:
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
-
-    def _weights(self, classes, y, sw):
-        """The sample weights times the class weights, checked."""
-        sw = class_weighted(self.class_weight, classes, y, sw)
-        if not sw.sum() > 0:
-            raise ValueError("The sample weights times the class weights sum to 0.")
-        check_weight_range(sw)
-        return sw
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):

@@ -18,30 +18,23 @@ from ._base import (
     _fit_device,
     _schedule,
     _WideClassifierMixin,
+    commit,
+    refuse_balanced_partial_fit,
+    restore_on_failure,
 )
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
-    check_weight_range,
-    class_weighted,
-    commit,
     fit_heads,
     logit_prior,
     optimizer_arrays,
-    refuse_balanced_partial_fit,
     restore_accumulators,
-    restore_on_failure,
 )
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams
 
 __all__ = ["GPULogisticRegression"]
-
-#: the class weights times the sample weights (the benchmarks' hook,
-#: ``_profiling``, imports it from here)
-_class_weighted = class_weighted
-
 
 def _is_minibatch(est):
     return est.solver != "lbfgs"
@@ -378,14 +371,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "solver='lbfgs' accepts max_iter=0."
             )
 
-    def _weights(self, classes, y, sw):
-        """The sample weights times the class weights, checked."""
-        sw = class_weighted(self.class_weight, classes, y, sw)
-        if not sw.sum() > 0:
-            raise ValueError("The sample weights times the class weights sum to 0.")
-        check_weight_range(sw)
-        return sw
-
     @_available_if_explained(_is_minibatch, _partial_fit_needs_minibatch)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -470,12 +455,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             "loss_curve_": [float(v) for v in curve],
             "_optimizer_state": None,
         }
-
-    def _fit_minibatch(self, X, y_idx, sw, C, l1_ratio, backend, warm, *, partial):
-        """A mini-batch fit with ``classes_`` already set, committed at once
-        (the benchmarks' hook, ``_profiling``, calls it)."""
-        commit(self, self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
-                                           self.classes_, partial=partial))
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
                          partial, progress=None):

@@ -9,17 +9,14 @@ training layout shared by the heads, the concurrency, and the solver
 (:func:`sklearn_cuwide._solvers.fit_minibatch`) per head.
 """
 
-import inspect
 import math
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
-from sklearn.utils.class_weight import compute_class_weight
 
 from . import _device
 from ._backends import _concurrency
@@ -28,9 +25,7 @@ from ._sparse import canonical_csr
 from ._state import FitProgress
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate",
-           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE",
-           "restore_on_failure", "commit", "class_weighted", "check_weight_range",
-           "refuse_balanced_partial_fit"]
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
 
 #: the dtype of the model state and of the training layout's values, and of
 #: every fitted array (``coef_``, ``intercept_``, ``factors_``) whatever the
@@ -321,87 +316,3 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,
         v = g / lam
     lam = max(lam, 1e-12)
     return 1.0 / (_CURVATURE[loss] * lam)
-
-
-# --------------------------------------------------------------------------
-# what the estimators share around a fit
-# --------------------------------------------------------------------------
-@contextmanager
-def restore_on_failure(est):
-    """Leave ``est`` exactly as it was if the body raises, a
-    ``KeyboardInterrupt`` included.
-
-    A fit computes its fitted attributes into locals and sets them with
-    :func:`commit` at its end; the input checks it shares with the other estimators
-    (``validate_data``, the first ``partial_fit``'s classes) set a few
-    attributes before the training, and the commit itself may be
-    interrupted: both are undone here, so a failed or interrupted refit
-    keeps the previous model whole and consistent (or the estimator
-    unfitted when it was).
-    """
-    saved = dict(est.__dict__)
-    try:
-        yield
-    except BaseException:
-        est.__dict__.clear()
-        est.__dict__.update(saved)
-        raise
-
-
-def commit(est, fitted):
-    """Set a fit's attributes (a dict) on the estimator, all at once."""
-    for name, value in fitted.items():
-        setattr(est, name, value)
-
-
-_HAS_CW_SAMPLE_WEIGHT = (
-    "sample_weight" in inspect.signature(compute_class_weight).parameters
-)
-
-
-def class_weighted(class_weight, classes, y, sample_weight):
-    """``sample_weight`` times the weight of each sample's class (a new array),
-    as scikit-learn's LogisticRegression computes it."""
-    if class_weight is None:
-        return sample_weight
-    kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
-    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
-    return sample_weight * cw[np.searchsorted(classes, y)]
-
-
-def refuse_balanced_partial_fit(class_weight):
-    """``partial_fit`` sees a part of the data: it cannot balance the classes."""
-    if isinstance(class_weight, str) and class_weight == "balanced":
-        raise ValueError(
-            "class_weight='balanced' is not supported by partial_fit: compute "
-            "the weights once with sklearn.utils.class_weight."
-            "compute_class_weight('balanced', classes=classes, y=y) on a "
-            "large enough sample of y and pass them as a dict."
-        )
-
-
-_F32 = np.finfo(COMPUTE_DTYPE)
-_F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
-
-
-def check_weight_range(sw):
-    """The sample weights (times the class weights) must be representable in
-    the compute dtype, float32, in which the model is trained: a weight or a
-    sum of weights above its range would become inf, and weights all below
-    its smallest normal number would lose their precision or become 0."""
-    top, total = float(sw.max()), float(sw.sum())
-    if top > _F32_MAX or total > _F32_MAX:
-        what = (f"weights up to {top:.3g}, summing to {total:.3g}: beyond the range "
-                f"of float32 (up to {_F32_MAX:.3g})")
-    elif 0 < top < _F32_TINY:
-        what = (f"weights of at most {top:.3g}: below float32's smallest normal "
-                f"number ({_F32_TINY:.3g})")
-    else:
-        return
-    raise ValueError(
-        f"sample_weight (times class_weight) holds {what}, and the model is "
-        "computed in float32. Multiply the weights by a common factor k, e.g. "
-        "sample_weight / sample_weight.max(): only their ratios matter to the "
-        "factorization machines, and logistic regression gives the same model "
-        "with C divided by k."
-    )

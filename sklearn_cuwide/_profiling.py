@@ -91,9 +91,9 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
     EpochTimings
     """
     from ._backends import get_backend
-    from ._base import _check_fit_data, _check_predict_data, _fit_device
+    from ._base import _check_fit_data, _check_predict_data, _fit_device, commit
     from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
-    from ._logistic import GPULogisticRegression, _class_weighted
+    from ._logistic import GPULogisticRegression
 
     t0 = time.perf_counter()
     if variant not in VARIANTS:
@@ -123,14 +123,16 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
     if isinstance(est, GPULogisticRegression):
         C, l1_ratio = est._regularization()
         classes, y_idx = est._fit_classes(y)
-        sw = _class_weighted(est.class_weight, classes, y, sw)
+        sw = est._weights(classes, y, sw)
         est.classes_ = classes
-        est._fit_minibatch(X, y_idx, sw, C, l1_ratio, probe, None, partial=False)
+        commit(est, est._minibatch_attrs(X, y_idx, sw, C, l1_ratio, probe, None, classes,
+                                         partial=False))
     else:
         if regressor:
             targets, stratify = [y], None
         else:
             est.classes_, stratify = est._fit_classes(y)
+            sw = est._weights(est.classes_, y, sw)
             targets = est._targets(stratify)
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
                                  partial=False)

@@ -250,11 +250,13 @@ def test_time_epochs_multiclass_regression_and_weights(ctr):
                                            random_state=0, device="cpu")
     _check_against_fit(reg, Xr, yr, Xr[:100], 2, lambda f, Z: f.predict(Z))
     sw = np.random.default_rng(0).uniform(0.5, 2.0, X.shape[0])
-    est = GPULogisticRegression(solver="adagrad", class_weight="balanced", batch_size=256,
-                                random_state=0, device="cpu")
-    t = time_epochs(est, X, y, epochs=2, sample_weight=sw)
-    assert t.eval_decision == []
-    assert t.loss == est.set_params(max_iter=2).fit(X, y, sample_weight=sw).loss_curve_
+    for est in (GPULogisticRegression(solver="adagrad", class_weight="balanced",
+                                      batch_size=256, random_state=0, device="cpu"),
+                GPUFactorizationMachine(n_factors=3, class_weight="balanced", batch_size=256,
+                                        tol=None, random_state=0, device="cpu")):
+        t = time_epochs(est, X, y, epochs=2, sample_weight=sw)
+        assert t.eval_decision == []
+        assert t.loss == est.set_params(max_iter=2).fit(X, y, sample_weight=sw).loss_curve_
 
 
 def test_time_epochs_refuses_what_it_cannot_time(ctr):
