@@ -54,6 +54,9 @@ __all__ = [
 
 #: Largest sample block: local row ids are stored as uint16.
 MAX_SAMPLE_BLOCK = 65536
+#: the ranking's keys ``(max_count - count) * n_features + feature`` must
+#: stay below this (int64)
+_KEY_LIMIT = 2**63 - 1
 
 
 @dataclass
@@ -166,9 +169,9 @@ def frequency_ranking(indices, n_features, xp=np, data=None):
     counts = xp.bincount(indices, minlength=n).astype(xp.int64, copy=False)
     ids = xp.arange(n, dtype=xp.int64)
     top = int(counts.max()) if n else 0
-    if (top + 1) * n < 2**63:
+    if (top + 1) * n <= _KEY_LIMIT:
         order = xp.sort((top - counts) * n + ids) % n
-    else:  # pragma: no cover - over 2**32 nonzeros of one of 2**31 features
+    else:  # the keys would overflow int64: sort by (-count, feature)
         order = xp.lexsort(xp.stack((ids, -counts)))
     rank = xp.empty(n, dtype=xp.int64)
     rank[order] = ids

@@ -56,6 +56,22 @@ def test_gpu_device_build_equals_cpu_build(case):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gpu_device_build_float64_many_chunks(shuffle):
+    """float64 values (uploaded as they are, stored as float32 on the
+    device), upload runs and sort chunks that divide nothing evenly."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import _upload
+
+    X = _problem(np.random.default_rng(9), n=20011, d=3001, dtype=np.float64)
+    kw = _kw(shuffle, 257, 100)
+    A = build_layout(X, **kw)
+    for chunk_nnz, upload in ((5003, 7919), (30011, 1 << 22)):
+        B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=upload, **kw)
+        _assert_same(A, B, f"float64 chunk={chunk_nnz} upload={upload}")
+
+
 def test_gpu_backend_build_layout_each_site(monkeypatch):
     """The backend's build_layout by each of build_site's choices (budgets
     at the boundaries of its estimates): the CPU-built layout each time."""

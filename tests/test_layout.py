@@ -118,6 +118,19 @@ def test_frequency_ranking_is_the_stable_argsort_of_minus_counts():
         assert counts.dtype == order.dtype == rank.dtype == np.int64
 
 
+def test_frequency_ranking_without_keys(monkeypatch):
+    """Where the keys would overflow int64, a lexsort of (-count, feature):
+    the same order."""
+    from sklearn_cuwide import _layout
+
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 300, 2000)
+    want = frequency_ranking(idx, 300)
+    monkeypatch.setattr(_layout, "_KEY_LIMIT", 0)
+    for a, b in zip(want, frequency_ranking(idx, 300)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_stored_zeros_are_not_in_the_layout():
     """Stored zeros, and duplicates that sum to 0, are dropped; the
     ranking counts nonzeros only: the layout is the zero-free matrix's."""
