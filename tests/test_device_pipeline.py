@@ -185,27 +185,19 @@ def test_factors_drawn_in_layout_order_are_the_user_orders_permuted():
     assert abs(eager.V.std() / 0.05 - 1) < 0.05
 
 
-def test_fm_fit_with_lazy_factors_equals_eager():
+def test_fm_fit_with_lazy_factors_equals_eager(monkeypatch):
     """A fit whose factors are drawn in layout order equals one from the
     same factors drawn eagerly in the user's order (the solver permutes)."""
-    from sklearn_cuwide import _state
-
     rng = np.random.default_rng(1)
     X = sp.random(300, 40, density=0.1, format="csr", random_state=rng, dtype=np.float32)
     y = rng.integers(0, 2, 300)
     kw = dict(n_factors=4, max_iter=3, device="cpu", random_state=0, batch_size=32)
     a = GPUFactorizationMachine(**kw).fit(X, y)
-    orig = _state.ModelState.zeros.__func__
-
-    def eager(cls, *args, **kwargs):
-        kwargs["draw"] = True
-        return orig(cls, *args, **kwargs)
-
-    try:
-        _state.ModelState.zeros = classmethod(eager)
-        b = GPUFactorizationMachine(**kw).fit(X, y)
-    finally:
-        _state.ModelState.zeros = classmethod(orig)
+    lazy = ModelState.zeros.__func__
+    monkeypatch.setattr(ModelState, "zeros",
+                        classmethod(lambda cls, *a, **k: lazy(cls, *a, **{**k, "draw": True})))
+    assert ModelState.zeros(3, 1, 2, random_state=0, draw=False).V is not None
+    b = GPUFactorizationMachine(**kw).fit(X, y)
     np.testing.assert_array_equal(a.factors_, b.factors_)
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
