@@ -306,6 +306,41 @@ _F32 = np.finfo(COMPUTE_DTYPE)
 _F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
 
 
+#: widest span of integer labels encoded with a bincount (beyond: a sort)
+_BINCOUNT_SPAN = 1 << 20
+
+
+def encode_labels(y):
+    """``np.unique(y, return_inverse=True)``: the sorted classes and ``y``
+    as indices into them (intp), the same arrays.
+
+    Bool labels, and integer labels whose span ``max - min`` is below
+    ``max(n_samples, 2**20)``, take a bincount (linear: three passes over
+    ``y``) instead of ``np.unique``'s sort; other labels (strings, floats,
+    integers spread wide) are sorted.
+    """
+    y = np.asarray(y)
+    if y.ndim == 1 and y.size and (y.dtype.kind in "iu" or y.dtype == bool):
+        lo, hi = int(y.min()), int(y.max())
+        if hi - lo < max(y.size, _BINCOUNT_SPAN) and -(2**62) < lo and hi < 2**62:
+            idx = y.astype(np.intp)
+            if lo:
+                idx -= lo
+            present = np.bincount(idx, minlength=hi - lo + 1) > 0
+            classes = (np.flatnonzero(present) + lo).astype(y.dtype)
+            if present.all():  # every value of the span occurs: idx is the code
+                return classes, idx
+            return classes, np.take(np.cumsum(present) - 1, idx)
+    return np.unique(y, return_inverse=True)
+
+
+def _integer_labels(y):
+    """1-D bool or integer labels: classification targets (binary or
+    multiclass) whatever their values, so scikit-learn's check of them,
+    which finds the distinct values with a sort, has nothing to refuse."""
+    return getattr(y, "ndim", 0) == 1 and (y.dtype.kind in "iu" or y.dtype == bool)
+
+
 def check_weight_range(sw):
     """The sample weights (times the class weights) must be representable in
     the compute dtype, float32, in which the model is trained: a weight or a
@@ -423,8 +458,9 @@ class _WideClassifierMixin:
 
     def _fit_classes(self, y):
         """The classes of a fit's labels ``y``, and ``y`` as indices into them."""
-        check_classification_targets(y)
-        classes, y_idx = np.unique(y, return_inverse=True)
+        if not _integer_labels(y):
+            check_classification_targets(y)
+        classes, y_idx = encode_labels(y)
         if classes.size < 2:
             raise self._single_class_error(classes)
         return classes, y_idx

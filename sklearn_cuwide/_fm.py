@@ -221,6 +221,7 @@ class _BaseFM(_CuWideEstimator):
             state = ModelState.zeros(
                 n_features, 1, self.n_factors, adagrad=self.solver == "adagrad",
                 dtype=COMPUTE_DTYPE, init_scale=self.init_scale, random_state=seed,
+                draw=False,  # drawn on the fit's device, in layout order
             )
             if self.fit_intercept:
                 state.b[:] = self._intercept_init(t, sw_train)

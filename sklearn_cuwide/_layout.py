@@ -14,18 +14,25 @@ A fit copies the user's data once into a :class:`TileLayout`:
   memory) and the cold rest.  A (sample block, feature block) pair is a
   *tile*;
 * inside a tile the nonzeros are stored feature-major: sorted by feature,
-  then by row.  Duplicate (row, feature) entries are summed, as scipy does.
+  then by row.  Duplicate (row, feature) entries are summed, as scipy does,
+  and entries that are 0 (stored zeros, duplicates that cancel) are dropped:
+  the layout holds the matrix's nonzeros only, and a feature's frequency
+  counts its nonzero entries.
 
 Because hot ids are smaller than cold ids, the hot tile followed by the cold
 tile of one sample block is itself sorted by feature: the nonzeros of a
 sample block are ``feat[tile_ptr[2*g]:tile_ptr[2*g+2]]``.
 
-A build has two steps.  :func:`plan_layout` computes the
-:class:`LayoutPlan` on the host with numpy: the ranking, the row order, the
-mini-batch and sample-block boundaries, ``n_hot`` and the chunks of whole
-mini-batches.  :class:`LayoutTiler` then sorts each chunk's nonzeros into
-tiles with an array module ``xp`` that it is handed (numpy, or cupy);
-:func:`build_layout` runs both, chunk after chunk.
+A build has two steps.  :func:`plan_csr` (:func:`plan_layout` for a matrix)
+computes the :class:`LayoutPlan` with the array module of the matrix's
+arrays: the counts, the frequency ranking and the rows' lengths where the
+nonzeros are, and on the host only what is O(n_rows) or O(n_features): the
+row order (numpy's permutation, whatever the device), the mini-batch and
+sample-block boundaries, ``n_hot`` and the chunks of whole mini-batches.
+:class:`LayoutTiler` then sorts each chunk's nonzeros into tiles with an
+array module ``xp`` that it is handed (numpy, or cupy); :func:`build_layout`
+runs both, chunk after chunk, and :func:`build_layout_csr` runs both on the
+arrays of one device.
 
 Rule: this module plans and tiles; it never imports cupy or a backend,
 records events, drives streams or allocates pinned memory (the CUDA
@@ -41,12 +48,15 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
-    "TileLayout", "LayoutPlan", "LayoutTiler", "plan_layout", "tile_layout", "build_layout",
-    "layout_to_csr", "frequency_ranking", "penalty_scale",
+    "TileLayout", "LayoutPlan", "LayoutTiler", "plan_layout", "plan_csr", "tile_layout",
+    "build_layout", "build_layout_csr", "layout_to_csr", "frequency_ranking", "penalty_scale",
 ]
 
 #: Largest sample block: local row ids are stored as uint16.
 MAX_SAMPLE_BLOCK = 65536
+#: the ranking's keys ``(max_count - count) * n_features + feature`` must
+#: stay below this (int64)
+_KEY_LIMIT = 2**63 - 1
 
 
 @dataclass
@@ -81,7 +91,8 @@ class TileLayout:
     feature_rank : ndarray of int64, shape (n_features,)
         Inverse of ``feature_order``.
     feature_counts : ndarray of int64, shape (n_features,)
-        Nonzeros per feature, in the user's feature order.
+        Nonzero entries per feature (stored zeros not counted, each of a
+        cell's duplicate entries counted), in the user's feature order.
     """
 
     n_rows: int
@@ -134,22 +145,42 @@ class TileLayout:
         return slice(int(self.tile_ptr[2 * g]), int(self.tile_ptr[2 * g + 2]))
 
 
-def frequency_ranking(indices, n_features, xp=np):
+def frequency_ranking(indices, n_features, xp=np, data=None):
     """Renumber features by descending frequency (ties keep their order).
 
-    ``indices`` may live on the device (``xp`` = cupy): they are counted
-    there and only the ``n_features`` counts come to the host.
-    Returns ``(counts, order, rank)`` (numpy): ``order[new] = old``,
+    ``indices`` (and ``data``) may live on the device (``xp`` = cupy): they
+    are counted and ranked there; only the ``n_features`` results come to
+    the host.  With ``data``, entries whose value is 0 (stored zeros) are
+    not counted: a stored zero is no occurrence of its feature.
+
+    The ranking is the stable argsort of ``-counts``, computed as a sort of
+    the unique keys ``(max_count - count) * n_features + feature``: every
+    sort (stable or not, numpy or cupy) gives that one order.
+
+    Returns ``(counts, order, rank)`` (numpy int64): ``order[new] = old``,
     ``rank[old] = new``.
     """
-    counts = xp.bincount(indices, minlength=n_features)
-    if xp is not np:
-        counts = counts.get()
-    counts = np.asarray(counts, dtype=np.int64)
-    order = np.argsort(-counts, kind="stable").astype(np.int64)
-    rank = np.empty(n_features, dtype=np.int64)
-    rank[order] = np.arange(n_features, dtype=np.int64)
-    return counts, order, rank
+    if data is not None:
+        present = data != 0
+        if not bool(present.all()):  # one sync; only then a compaction
+            indices = indices[present]
+        del present
+    n = int(n_features)
+    counts = xp.bincount(indices, minlength=n).astype(xp.int64, copy=False)
+    ids = xp.arange(n, dtype=xp.int64)
+    top = int(counts.max()) if n else 0
+    if (top + 1) * n <= _KEY_LIMIT:
+        order = xp.sort((top - counts) * n + ids) % n
+    else:  # the keys would overflow int64: sort by (-count, feature)
+        order = xp.lexsort(xp.stack((ids, -counts)))
+    rank = xp.empty(n, dtype=xp.int64)
+    rank[order] = ids
+    return _to_host(counts), _to_host(order), _to_host(rank)
+
+
+def _to_host(a):
+    """A numpy copy of a device array (numpy arrays as they are)."""
+    return np.asarray(a) if isinstance(a, np.ndarray) else a.get()
 
 
 def _csr_parts(X):
@@ -161,7 +192,7 @@ def _csr_parts(X):
     if not sp.issparse(X):
         raise TypeError("build_layout expects a scipy (or cupyx) sparse matrix")
     X = X.tocsr() if X.format != "csr" else X
-    return X.shape, np.asarray(X.indptr, dtype=np.int64), X.indices, X.data
+    return X.shape, X.indptr, X.indices, X.data
 
 
 def penalty_scale(layout, xp=np, chunk=1 << 22):
@@ -339,10 +370,44 @@ def plan_layout(
 ):
     """The :class:`LayoutPlan` of ``X`` (see :func:`build_layout` for the
     parameters).  ``xp``: the array module of a cupyx matrix's arrays, which
-    are counted on the device (only the counts come to the host); unused for
-    a scipy matrix."""
-    (n_rows, n_features), indptr, indices, data = _csr_parts(X)
-    on_device_input = not isinstance(indptr, np.ndarray)
+    are counted on the device (see :func:`plan_csr`); unused for a scipy
+    matrix, which is planned with numpy."""
+    shape, indptr, indices, data = _csr_parts(X)
+    return plan_csr(
+        shape, indptr, indices, data,
+        xp=np if isinstance(indptr, np.ndarray) else xp,
+        batch_size=batch_size, sample_block=sample_block, n_hot_max=n_hot_max,
+        hot_min_per_block=hot_min_per_block, shuffle=shuffle,
+        random_state=random_state, chunk_nnz=chunk_nnz,
+    )
+
+
+def plan_csr(
+    shape,
+    indptr,
+    indices,
+    data,
+    *,
+    xp,
+    batch_size,
+    sample_block=None,
+    n_hot_max=0,
+    hot_min_per_block=2.0,
+    shuffle=False,
+    random_state=None,
+    chunk_nnz=1 << 24,
+):
+    """The :class:`LayoutPlan` of the CSR ``(indptr, indices, data)`` of
+    ``shape``, arrays of ``xp`` (numpy, or cupy for a matrix on the device).
+
+    Every pass over the nonzeros (the counts) and over the rows (their
+    lengths in layout order) runs with ``xp``, where the arrays are; the
+    host computes and keeps what is O(n_rows / batch_size + n_features):
+    the ranking's results, the block boundaries, the chunks.  The row order
+    is numpy's permutation (O(n_rows), on the host) whatever ``xp``, so that
+    every device gives the same layout for the same seed.
+    """
+    n_rows, n_features = (int(v) for v in shape)
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -351,9 +416,10 @@ def plan_layout(
     sample_block = int(min(sample_block, batch_size, MAX_SAMPLE_BLOCK))
     if sample_block < 1:
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
-
+    indptr = xp.asarray(indptr, dtype=xp.int64)  # no copy when int64 already
+    nnz_total = int(indptr[-1]) if n_rows else 0
     counts, order, rank = frequency_ranking(
-        indices, n_features, xp=xp if on_device_input else np
+        indices[:nnz_total], n_features, xp=xp, data=data[:nnz_total]
     )
     if shuffle and n_rows > 1:
         rng = np.random.default_rng(random_state)
@@ -386,13 +452,17 @@ def plan_layout(
         n_hot = int(np.count_nonzero(ranked_counts >= hot_min_per_block * n_sblocks))
         n_hot = min(n_hot, int(n_hot_max))
 
-    # chunks of whole mini-batches, of about chunk_nnz input nonzeros
-    nnz_total = int(indptr[-1]) if n_rows else 0
-    row_len = np.diff(indptr.get() if on_device_input else indptr)[row_order]
-    batch_start_rows = np.arange(n_batches + 1, dtype=np.int64) * batch_size
-    batch_start_rows[-1] = n_rows
-    cum = np.concatenate(([0], np.cumsum(row_len)))
-    batch_nnz_ptr = cum[batch_start_rows].astype(np.int64)
+    # chunks of whole mini-batches, of about chunk_nnz input nonzeros: the
+    # input nonzeros before each mini-batch, counted where indptr is
+    batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
+    if n_batches:
+        row_len = xp.diff(indptr)
+        if shuffle:
+            row_len = row_len[xp.asarray(row_order)]
+        cum = xp.cumsum(row_len)
+        ends = np.minimum(np.arange(1, n_batches + 1, dtype=np.int64) * batch_size, n_rows)
+        batch_nnz_ptr[1:] = _to_host(cum[xp.asarray(ends - 1)])
+        del row_len, cum
     bounds = [0]
     if n_batches:
         targets = np.arange(chunk_nnz, nnz_total, chunk_nnz)
@@ -405,8 +475,8 @@ def plan_layout(
         if batch_nnz_ptr[b1] > batch_nnz_ptr[b0]
     ]
     return LayoutPlan(
-        n_rows=int(n_rows),
-        n_features=int(n_features),
+        n_rows=n_rows,
+        n_features=n_features,
         batch_size=batch_size,
         sample_block=sample_block,
         n_hot=n_hot,
@@ -420,7 +490,7 @@ def plan_layout(
         chunks=chunks,
         shuffled=bool(shuffle),
         source=(indptr, indices, data),
-        source_xp=xp if on_device_input else np,
+        source_xp=xp,
     )
 
 
@@ -486,8 +556,15 @@ class LayoutTiler:
         return k, g, nf, local, vals, dup
 
     def store(self, sorted_chunk):
-        """Sum the duplicate (row, feature) entries of a sorted chunk, append
-        it to the layout's arrays and count its tiles."""
+        """Sum the duplicate (row, feature) entries of a sorted chunk, drop
+        the entries that are 0 (stored zeros, and duplicates that sum to 0),
+        append it to the layout's arrays and count its tiles.
+
+        Rule: the layout holds no zero.  Why: a stored zero would make its
+        feature present in its sample block (its penalty step, Adagrad's
+        sum, the penalty scale), so the same matrix stored with or without
+        zeros would train different models.
+        """
         xp, p = self.xp, self.plan
         k, g, nf, local, vals, dup = sorted_chunk
         del sorted_chunk
@@ -498,6 +575,11 @@ class LayoutTiler:
             starts = xp.flatnonzero(keep)
             g, nf, local = g[starts], nf[starts], local[starts]
         del dup
+        nonzero = vals != 0
+        if not bool(nonzero.all()):
+            kept = xp.flatnonzero(nonzero)
+            g, nf, local, vals = g[kept], nf[kept], local[kept], vals[kept]
+        del nonzero
         a, m = self._pos, int(vals.shape[0])
         self.feat[a : a + m] = nf
         self.row[a : a + m] = local
@@ -569,7 +651,7 @@ def build_layout(
     ----------
     X : scipy (or cupyx) sparse matrix of shape (n_rows, n_features)
         Not modified.  Need not be canonical (unsorted or duplicate indices
-        are fine) and may have int64 indices.
+        and stored zeros are fine) and may have int64 indices.
     batch_size : int
         Rows per mini-batch (the last one may be shorter).
     sample_block : int, default=None
@@ -588,9 +670,9 @@ def build_layout(
         Where the nonzeros are sorted and stored: numpy, or cupy (the layout
         is then built on the GPU and its ``feat``/``row``/``val`` are device
         arrays; a host matrix's chunks are copied synchronously: the CUDA
-        backend's ``build_layout`` overlaps those copies).  The plan
-        (renumbering, row order, blocks) is always computed on the host, so
-        both give the same layout.
+        backend's ``build_layout`` overlaps those copies).  A host matrix is
+        planned on the host, a cupyx one on the device (:func:`plan_csr`);
+        every choice gives the same layout.
     chunk_nnz : int, default None
         Sort at most about this many nonzeros at a time (whole mini-batches
         per chunk); bounds the temporary memory.  ``None``: 2**24 on the
@@ -615,6 +697,22 @@ def build_layout(
         chunk_nnz=chunk_nnz,
         xp=xp,
     )
+    return tile_layout(plan, xp, dtype)
+
+
+def build_layout_csr(shape, indptr, indices, data, *, xp, dtype=np.float32,
+                     chunk_nnz=1 << 23, **plan_kw):
+    """The whole build on one device: the CSR ``(indptr, indices, data)`` of
+    ``shape``, arrays of ``xp`` (as they came: unsorted indices and
+    duplicates are fine), planned (:func:`plan_csr`: counts, ranking, row
+    lengths), shuffled (each chunk's rows gathered by :meth:`LayoutPlan.read_chunk`)
+    and tiled (:class:`LayoutTiler`) with ``xp``.
+
+    The CUDA backend calls it with cupy on a matrix it uploaded; with numpy
+    it is the host build, so the two are one code.  ``plan_kw``: the
+    planning keywords of :func:`plan_layout`.
+    """
+    plan = plan_csr(shape, indptr, indices, data, xp=xp, chunk_nnz=chunk_nnz, **plan_kw)
     return tile_layout(plan, xp, dtype)
 
 

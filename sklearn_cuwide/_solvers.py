@@ -262,7 +262,7 @@ def fit_minibatch(
     dev_layout = backend.put_layout(layout)
     dev_y = backend.to_device(y_l.astype(dt))
     dev_sw = backend.to_device(sw_l.astype(dt))
-    dstate = backend.put_state(state.permute_features(layout.feature_order))
+    dstate = state.put_in_layout_order(layout.feature_order, backend)
 
     val = None
     if validation is not None:
@@ -315,7 +315,8 @@ def fit_minibatch(
             best = min(best, monitored)
             if no_improve >= n_iter_no_change:
                 break
-    out = backend.get_state(dstate).permute_features(layout.feature_rank)
+    # back to the user's feature order where the state is, then one copy
+    out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank), xp))
     bad = [name for name, a in (("coefficients", out.w), ("intercepts", out.b),
                                 ("factors", out.V))
            if a is not None and not np.isfinite(a).all()]

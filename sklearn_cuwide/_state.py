@@ -14,7 +14,8 @@ import numpy as np
 
 from ._loss import LOSSES
 
-__all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS"]
+__all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS",
+           "counter_bits", "counter_normal", "draw_factors", "factor_seed"]
 
 MODELS = ("linear", "fm")
 SOLVERS = ("sgd", "adagrad")
@@ -72,6 +73,112 @@ class StepParams:
         return replace(self, **kw)
 
 
+# --------------------------------------------------------------------------
+# the initial factors: one generator for every device
+# --------------------------------------------------------------------------
+_MASK64 = (1 << 64) - 1
+#: splitmix64's increment and multipliers
+_GAMMA, _MUL1, _MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+#: the normal's quantile table: 2**_CELL_BITS cells, uniform in probability
+_CELL_BITS = 16
+#: random bits of the position inside a cell (below the cell's bits)
+_FRAC_BITS = 37
+_QUANTILES = None
+
+
+def _splitmix64_int(z):
+    """splitmix64's finaliser of a Python int (the seed's mix, on the host)."""
+    z = (z ^ (z >> 30)) * _MUL1 & _MASK64
+    z = (z ^ (z >> 27)) * _MUL2 & _MASK64
+    return z ^ (z >> 31)
+
+
+def factor_seed(random_state):
+    """The integer seed of :func:`counter_normal` for ``random_state`` (an
+    int is used as it is; None or a Generator draw one)."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        return int(random_state) & _MASK64
+    return int(np.random.default_rng(random_state).integers(0, 2**63))
+
+
+def counter_bits(xp, seed, counter):
+    """64 random bits for each entry of ``counter`` (an integer array of
+    ``xp``): splitmix64 of the ``counter + 1``-th step from ``seed``.
+
+    Rule: integer operations only (wrapping uint64 multiply, xor, shifts).
+    Why: numpy and cupy then give the same bits, by construction.
+    """
+    u = xp.uint64
+    z = (counter.astype(u) + u(1)) * u(_GAMMA) + u(_splitmix64_int(int(seed) & _MASK64))
+    z = (z ^ (z >> u(30))) * u(_MUL1)
+    z = (z ^ (z >> u(27))) * u(_MUL2)
+    return z ^ (z >> u(31))
+
+
+def _quantile_table():
+    """``Phi^-1`` at the ``2**16 + 1`` cell edges ``i / 2**16`` (float64,
+    host), the infinite ends replaced by ``Phi^-1(2**-18)`` and its
+    negative; symmetric bit for bit.  Computed once."""
+    global _QUANTILES
+    if _QUANTILES is None:
+        from scipy.special import ndtri
+
+        n = 1 << _CELL_BITS
+        half = ndtri(np.arange(n // 2 + 1, dtype=np.float64) / n)
+        half[0] = ndtri(2.0**-18)
+        half[-1] = 0.0
+        _QUANTILES = np.concatenate([half, -half[-2::-1]])
+    return _QUANTILES
+
+
+def counter_normal(xp, seed, counter, table=None):
+    """Standard normal draws (float64, ``xp``), one per entry of ``counter``,
+    the same bits on every device.
+
+    Inverse transform sampling: the top 16 of :func:`counter_bits` pick one
+    of 65536 cells of equal probability, the next 37 a point inside it,
+    interpolated linearly between the cell's quantiles.  The draws follow
+    the normal to within its extreme tails (the two outer cells, of
+    probability ``2**-16`` each, stop at 4.48 standard deviations).  Only
+    exactly rounded operations (integer conversions below ``2**53``, one
+    multiply, one subtraction, one add, the table gathered) touch them, so
+    numpy and cupy agree bit for bit; ``log``/``cos`` (Box-Muller) would not.
+    ``table``: :func:`_quantile_table` already on ``xp``'s device.
+    """
+    if table is None:
+        table = xp.asarray(_quantile_table())
+    bits = counter_bits(xp, seed, counter)
+    u = xp.uint64
+    cell = (bits >> u(64 - _CELL_BITS)).astype(xp.int64)
+    frac = ((bits >> u(64 - _CELL_BITS - _FRAC_BITS)) & u((1 << _FRAC_BITS) - 1))
+    frac = frac.astype(xp.float64) * (2.0**-_FRAC_BITS)
+    lo = table[cell]
+    return lo + frac * (table[cell + 1] - lo)
+
+
+def draw_factors(xp, seed, scale, features, n_factors, dtype=np.float32,
+                 chunk=1 << 22):
+    """The initial factors of the features ``features`` (user ids, an int64
+    array of ``xp``), row ``i`` for feature ``features[i]``:
+    ``V[j, k] = scale * counter_normal(seed, j * n_factors + k)``.
+
+    Any order of the rows draws the same values for a feature: a fit draws
+    them in its layout's feature order, on its device, and gets the rows of
+    the user-order draw (``features = arange(n_features)``) permuted.  About
+    ``chunk`` values at a time bound the temporary memory.
+    """
+    n, k = int(features.shape[0]), int(n_factors)
+    V = xp.empty((n, k), dtype=dtype)
+    table = xp.asarray(_quantile_table())
+    ks = xp.arange(k, dtype=xp.int64)
+    step = max(1, int(chunk) // max(k, 1))
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        counter = features[a:b, None].astype(xp.int64) * k + ks[None, :]
+        V[a:b] = (counter_normal(xp, seed, counter, table) * float(scale)).astype(dtype)
+    return V
+
+
 @dataclass
 class ModelState:
     """The model's arrays, in *layout* feature order during a fit.
@@ -80,6 +187,11 @@ class ModelState:
     n_factors) factors or None; ``b``: (n_outputs,) intercepts.  ``gw``, ``gV``
     and ``gb`` are Adagrad's sums of squared gradients (None for sgd).
     Arrays are numpy on the CPU backend and cupy on the CUDA backend.
+
+    ``factor_init``: ``(seed, init_scale, n_factors)`` of factors not drawn
+    yet (``V`` and ``gV`` are then None): :meth:`put_in_layout_order` draws
+    them on the backend's device, in the layout's order (see
+    :meth:`zeros`).
     """
 
     w: object
@@ -88,6 +200,7 @@ class ModelState:
     gw: object = None
     gV: object = None
     gb: object = None
+    factor_init: tuple = None
 
     @property
     def n_outputs(self):
@@ -95,7 +208,9 @@ class ModelState:
 
     @property
     def n_factors(self):
-        return 0 if self.V is None else int(self.V.shape[1])
+        if self.V is None:
+            return 0 if self.factor_init is None else int(self.factor_init[2])
+        return int(self.V.shape[1])
 
     def arrays(self):
         return {
@@ -115,17 +230,27 @@ class ModelState:
         dtype=np.float32,
         init_scale=0.0,
         random_state=None,
+        draw=True,
     ):
-        """A fresh state (numpy): zero weights, factors ~ N(0, init_scale^2)."""
+        """A fresh state (numpy): zero weights, factors ~ N(0, init_scale^2).
+
+        The factors come from :func:`draw_factors` (a counter-based
+        generator: the same values on every device).  ``draw=False`` leaves
+        them to :meth:`put_in_layout_order` (``factor_init``), which draws
+        them on the device where the fit runs, in its layout's order: no
+        host pass over ``n_features x n_factors``, the same values.
+        """
         w = np.zeros((n_features, n_outputs), dtype=dtype)
         b = np.zeros(n_outputs, dtype=dtype)
-        V = None
+        V = init = None
         if n_factors:
-            rng = np.random.default_rng(random_state)
-            V = (rng.standard_normal((n_features, n_factors)) * init_scale).astype(
-                dtype
-            )
-        st = cls(w=w, b=b, V=V)
+            seed = factor_seed(random_state)
+            if draw:
+                V = draw_factors(np, seed, init_scale,
+                                 np.arange(n_features, dtype=np.int64), n_factors, dtype)
+            else:
+                init = (seed, float(init_scale), int(n_factors))
+        st = cls(w=w, b=b, V=V, factor_init=init)
         if adagrad:
             st.gw = np.zeros_like(w)
             st.gb = np.zeros_like(b)
@@ -133,14 +258,32 @@ class ModelState:
         return st
 
     def permute_features(self, index, xp=np):
-        """A new state whose feature ``j`` is this state's ``index[j]``."""
-        out = ModelState(w=None, b=None)
+        """A new state whose feature ``j`` is this state's ``index[j]``
+        (factors not drawn yet stay so)."""
+        out = ModelState(w=None, b=None, factor_init=self.factor_init)
         for k in ("w", "V", "gw", "gV"):
             a = getattr(self, k)
             setattr(out, k, None if a is None else xp.ascontiguousarray(a[index]))
         out.b = self.b
         out.gb = self.gb
         return out
+
+    def put_in_layout_order(self, order, backend):
+        """This state (user feature order) on ``backend``'s device in the
+        layout's feature order ``order`` (``order[new] = old``): the arrays
+        permuted, and factors not drawn yet (``factor_init``) drawn there,
+        directly in that order (Adagrad's sums of them zero)."""
+        dev = backend.put_state(self.permute_features(order))
+        if self.factor_init is None:
+            return dev
+        seed, scale, k = self.factor_init
+        xp = backend.xp
+        features = xp.asarray(backend.to_device(np.asarray(order, dtype=np.int64)))
+        dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
+        dev.factor_init = None
+        if self.gw is not None:  # Adagrad
+            dev.gV = xp.zeros_like(dev.V)
+        return dev
 
 
 class FitProgress:

@@ -103,6 +103,61 @@ def test_frequency_ranking_ties_stable():
     np.testing.assert_array_equal(rank[order], np.arange(5))
 
 
+def test_frequency_ranking_is_the_stable_argsort_of_minus_counts():
+    """The sort of unique keys gives the stable argsort's order, whatever
+    the sort; stored zeros are not counted."""
+    rng = np.random.default_rng(1)
+    for n in (1, 7, 300):
+        idx = rng.integers(0, n, 5 * n)
+        val = rng.integers(0, 3, idx.size).astype(np.float32)  # a third are zeros
+        counts, order, rank = frequency_ranking(idx, n, data=val)
+        want = np.bincount(idx[val != 0], minlength=n)
+        np.testing.assert_array_equal(counts, want)
+        np.testing.assert_array_equal(order, np.argsort(-want, kind="stable"))
+        np.testing.assert_array_equal(rank[order], np.arange(n))
+        assert counts.dtype == order.dtype == rank.dtype == np.int64
+
+
+def test_frequency_ranking_without_keys(monkeypatch):
+    """Where the keys would overflow int64, a lexsort of (-count, feature):
+    the same order."""
+    from sklearn_cuwide import _layout
+
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 300, 2000)
+    want = frequency_ranking(idx, 300)
+    monkeypatch.setattr(_layout, "_KEY_LIMIT", 0)
+    for a, b in zip(want, frequency_ranking(idx, 300)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stored_zeros_are_not_in_the_layout():
+    """Stored zeros, and duplicates that sum to 0, are dropped; the
+    ranking counts nonzeros only: the layout is the zero-free matrix's."""
+    rng = np.random.default_rng(2)
+    X = sp.random(300, 40, density=0.1, format="csr", random_state=rng, dtype=np.float32)
+    X.data[::5] = 0.0  # stored zeros
+    coo = X.tocoo()
+    rows = np.concatenate([coo.row, [3, 3, 7]])
+    cols = np.concatenate([coo.col, [39, 39, 38]])
+    vals = np.concatenate([coo.data, [2.5, -2.5, 0.0]]).astype(np.float32)
+    o = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=300))])
+    Xz = sp.csr_matrix((vals[o], cols[o], indptr), shape=X.shape)
+    Xe = _canonical(Xz)
+    Xe.eliminate_zeros()
+    kw = dict(batch_size=16, sample_block=8, n_hot_max=6, shuffle=True, random_state=4)
+    Z = build_layout(Xz, **kw)  # duplicates not summed yet: each entry counts
+    assert not (Z.val == 0).any()
+    assert (layout_to_csr(Z) != Xe).nnz == 0
+    # summed first (as the estimators do): the cancelled cell is a stored zero
+    A, B = build_layout(_canonical(Xz), **kw), build_layout(Xe, **kw)
+    assert not (A.val == 0).any()
+    for name in ("feat", "row", "val", "tile_ptr", "feature_order", "feature_counts"):
+        np.testing.assert_array_equal(getattr(A, name), getattr(B, name), err_msg=name)
+    assert A.n_hot == B.n_hot
+
+
 def test_hot_threshold():
     A = np.ones((40, 3), dtype=np.float32)
     A[1:, 2] = 0

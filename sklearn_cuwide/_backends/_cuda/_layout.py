@@ -35,24 +35,33 @@ _TOKENS = itertools.count(1)
 def build_layout(X, memory_budget=None, **kw):
     """Build the training layout on the GPU (cupy sorts, chunk by chunk).
 
-    ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.  A
-    host matrix's chunks are uploaded overlapped with the sorts
-    (:func:`._upload.build_from_host`); a cupyx matrix is tiled where it is.
-    When the layout would not fit ``memory_budget`` (default: 80% of the
-    free device memory), it is built on the host instead and streamed in
-    every epoch.
+    ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.
+    Where it is built is :func:`._upload.build_site`'s choice for
+    ``memory_budget`` (default: 80% of the free device memory):
+
+    * ``"device"``: a host matrix's CSR is uploaded as it is and planned,
+      shuffled and tiled on the device (:func:`._upload.build_on_device`);
+      a cupyx matrix is used where it is;
+    * ``"host_plan"``: a host matrix is planned on the host and its chunks'
+      gathers and copies overlap the sorts (:func:`._upload.build_from_host`);
+    * ``"host"``: built on the host and streamed in every epoch.
     """
-    nnz = int(X.nnz)
-    need = nnz * 10 + (64 << 20)
+    if X.format != "csr":
+        X = X.tocsr()
     if memory_budget is None:
         memory_budget = int(0.8 * free_memory())
-    if need > memory_budget:
-        if cpsp.issparse(X):  # streamed from the host every epoch anyway
+    on_device = bool(cpsp.issparse(X))
+    site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
+                              X.data.dtype.itemsize, memory_budget, on_device=on_device)
+    if site == "host":
+        if on_device:  # streamed from the host every epoch anyway
             X = X.get()
         return _layout.build_layout(X, xp=np, **kw)
     kw.setdefault("chunk_nnz", 1 << 23)
-    if cpsp.issparse(X):  # on the device already: nothing to upload
+    if on_device:  # on the device already: nothing to upload
         return _layout.build_layout(X, xp=cp, **kw)
+    if site == "device":
+        return _upload.build_on_device(X, cp, **kw)
     return _upload.build_from_host(X, cp, **kw)
 
 

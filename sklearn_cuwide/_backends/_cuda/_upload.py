@@ -1,10 +1,13 @@
 """Host -> device copies through two pinned slots on a copy stream.
 
 :class:`PinnedUploader` is the CUDA backend's one double-buffered uploader.
-It serves the GPU build of a host matrix (:func:`build_from_host`: while the
-GPU sorts chunk ``i``, a worker thread gathers chunk ``i + 1`` into pinned
-memory and the copy stream then copies it while the GPU finishes chunk
-``i``) and the streamed nonzeros of a host-built layout
+It serves the upload of a host CSR matrix as it is (:func:`upload_csr`,
+contiguous runs of nonzeros, for :func:`build_on_device`, where everything
+else runs on the device), the GPU build of a host matrix planned on the host
+(:func:`build_from_host`: while the GPU sorts chunk ``i``, a worker thread
+gathers chunk ``i + 1`` into pinned memory and the copy stream then copies
+it while the GPU finishes chunk ``i``) and the streamed nonzeros of a
+host-built layout
 (:func:`stream_chunks`, behind ``DeviceLayout.stream_chunks``: chunk
 ``i + 1`` is copied while the kernel trains on chunk ``i``).
 
@@ -36,7 +39,8 @@ import numpy as np
 
 from ... import _layout
 
-__all__ = ["PinnedUploader", "build_from_host", "stream_chunks"]
+__all__ = ["PinnedUploader", "build_site", "upload_csr", "build_on_device", "build_from_host",
+           "stream_chunks"]
 
 
 def pinned_empty(xp, n, dtype):
@@ -174,6 +178,99 @@ def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, **plan_kw):
     finally:
         up.close()  # the worker and every copy done: the buffers may go
     return tiler.finish()
+
+
+#: device bytes of the layout per nonzero (int32 feature, uint16 row,
+#: float32 value) and the allowance for the build's temporaries
+LAYOUT_BYTES_PER_NNZ = 10
+LAYOUT_SLACK = 64 << 20
+
+
+def build_site(nnz, n_rows, index_itemsize, value_itemsize, budget, *, on_device):
+    """Where the training layout of a matrix is built, for ``budget`` bytes
+    of device memory.
+
+    * ``"device"``: the whole build on the device
+      (:func:`build_on_device` for a host matrix: its CSR is uploaded as it
+      is, then planned, shuffled and tiled there); a host matrix's CSR and
+      the layout must fit together (the CSR is freed once the layout is
+      built), a device matrix's layout alone;
+    * ``"host_plan"``: planned on the host, each chunk's rows gathered there
+      and uploaded to be tiled on the device (:func:`build_from_host`): the
+      layout fits, not the CSR beside it;
+    * ``"host"``: built on the host, its nonzeros streamed in every epoch.
+
+    Rule: the one place that decides, from sizes only (no device call), so
+    that a memory planner can answer it instead.
+    """
+    layout = int(nnz) * LAYOUT_BYTES_PER_NNZ + LAYOUT_SLACK
+    if layout > budget:
+        return "host"
+    if on_device:
+        return "device"
+    csr = (int(n_rows) + 1) * 8 + int(nnz) * (int(index_itemsize) + int(value_itemsize))
+    return "device" if csr + layout <= budget else "host_plan"
+
+
+def upload_csr(X, xp, *, chunk_nnz=1 << 22):
+    """The arrays of a host (scipy) CSR matrix on the device, as they are:
+    ``(indptr, indices, data)`` of ``xp``, ``indptr`` int64, the indices
+    and values of their dtypes, unsorted, duplicates and zeros kept.
+
+    ``indptr`` (O(n_rows)) is copied at once.  The nonzeros cross in
+    contiguous runs of ``chunk_nnz`` through a :class:`PinnedUploader`, each
+    to its place in the device arrays: the worker thread copies run
+    ``k + 1`` into the other pinned slot while the copy stream copies run
+    ``k``.  No pass over the nonzeros besides those copies: they are
+    neither gathered, nor sorted, nor counted on the host.  Returns when
+    every copy is complete (the compute stream waited for each too).
+    """
+    _, indptr, indices, data = _layout._csr_parts(X)
+    nnz = int(indptr[-1])
+    d_indptr = xp.asarray(np.asarray(indptr, dtype=np.int64))
+    d_indices = xp.empty(nnz, dtype=indices.dtype)
+    d_data = xp.empty(nnz, dtype=data.dtype)
+    step = max(1, int(chunk_nnz))
+    bounds = [(a, min(nnz, a + step)) for a in range(0, nnz, step)]
+    if not bounds:
+        return d_indptr, d_indices, d_data
+    most = bounds[0][1] - bounds[0][0]
+    up = PinnedUploader(xp, [(most, indices.dtype), (most, data.dtype)], device_buffers=False)
+    compute = xp.cuda.get_current_stream()
+
+    def stage(a, b):
+        def fill(idx, val):
+            idx[...] = indices[a:b]
+            val[...] = data[a:b]
+
+        return up.stage(fill, (b - a, b - a))
+
+    try:
+        ticket = stage(*bounds[0])
+        for k, (a, b) in enumerate(bounds):
+            slot, _ = up.upload(ticket, into=[d_indices[a:b], d_data[a:b]])
+            up.acquire(slot, compute)
+            if k + 1 < len(bounds):  # the worker fills the other slot meanwhile
+                ticket = stage(*bounds[k + 1])
+    finally:
+        up.close()  # every copy done: the pinned buffers may go
+    return d_indptr, d_indices, d_data
+
+
+def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
+                    upload_chunk_nnz=1 << 22, **plan_kw):
+    """:func:`sklearn_cuwide._layout.build_layout` of a host (scipy) matrix
+    with every pass over its nonzeros on the device: the CSR uploaded as it
+    is (:func:`upload_csr`), then planned, shuffled and tiled there
+    (:func:`sklearn_cuwide._layout.build_layout_csr`, sorting ``chunk_nnz``
+    nonzeros at a time).  The host computes the row order (numpy's
+    permutation) and what is O(n_rows / batch_size + n_features).  Same
+    layout, bit for bit, as the numpy build; the device holds the CSR and
+    the layout until it returns.
+    """
+    indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
+    return _layout.build_layout_csr(X.shape, indptr, indices, data, xp=xp, dtype=dtype,
+                                    chunk_nnz=chunk_nnz, **plan_kw)
 
 
 def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None):

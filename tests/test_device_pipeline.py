@@ -1,0 +1,288 @@
+"""The fit's device pipeline through its numpy reference.
+
+Every piece the CUDA backend runs on the device is written once against an
+array module: the layout build of a CSR already on the device
+(``_layout.build_layout_csr``: counts, ranking, row lengths, the shuffled
+row gather, the tiling), the initial factors (``_state.draw_factors``, a
+counter-based generator) and the label encoding (``_base.encode_labels``).
+These tests run that code on the CPU:
+
+* with numpy as the array module, where it must equal the host build
+  (``build_layout``) and today's results;
+* with a stand-in for cupy made of numpy (``_FakeCupy`` of
+  ``tests/test_gpu_upload.py``: a module that is not numpy, whose arrays
+  have cupy's ``get``), so that the branches written for a device module
+  (``xp is not np``: the searchsorted segment ids, the generic row gather)
+  run too and give the same bits;
+* the CUDA backend's chunked upload of a host CSR (``_upload.upload_csr``)
+  with the stand-in's deferred copies, and the choice of where a layout is
+  built (``_upload.build_site``, pure).
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide import GPUFactorizationMachine
+from sklearn_cuwide._base import encode_labels
+from sklearn_cuwide._layout import build_layout, build_layout_csr, layout_to_csr
+from sklearn_cuwide._state import (
+    ModelState,
+    counter_bits,
+    counter_normal,
+    draw_factors,
+)
+
+from .test_gpu_upload import _assert_same, _FakeCupy, _upload_module
+
+
+def _problem(rng, n=1201, d=157, int64=False, zeros=True, dtype=np.float32):
+    """A raw CSR: unsorted duplicates, empty rows and columns, stored zeros
+    and duplicates that cancel, one feature in every nonempty row."""
+    nnz = 9 * n
+    rows = rng.integers(0, n, nnz)
+    rows = rows[rows % 7 != 3]  # empty rows
+    cols = rng.integers(0, d - 5, rows.shape[0])  # the last 5 features empty
+    vals = (rng.integers(-8, 9, rows.shape[0]) * 0.25).astype(dtype)
+    if not zeros:
+        vals[vals == 0] = 1.0
+    rows = np.concatenate([rows, np.arange(n)[np.arange(n) % 7 != 3]])
+    cols = np.concatenate([cols, np.full(rows.shape[0] - cols.shape[0], 5)])
+    vals = np.concatenate([vals, np.ones(rows.shape[0] - vals.shape[0], dtype)])
+    if zeros:  # a pair that cancels
+        rows, cols = np.r_[rows, 10, 10], np.r_[cols, 9, 9]
+        vals = np.r_[vals, 1.5, -1.5].astype(dtype)
+    order = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+    itype = np.int64 if int64 else np.int32
+    X = sp.csr_matrix((vals[order], cols[order].astype(itype), indptr.astype(itype)),
+                      shape=(n, d))
+    if int64:
+        X.indices = cols[order].astype(np.int64)
+        X.indptr = indptr.astype(np.int64)
+    assert not X.has_canonical_format
+    return X
+
+
+CASES = [
+    # (shuffle, batch_size, sample_block, chunk_nnz, int64)
+    (False, 64, 30, 700, False),
+    (True, 64, 30, 700, False),
+    (True, 37, 11, 1013, True),
+    (False, 100, 100, 10**9, True),
+    (True, 1, 1, 1709, False),
+]
+IDS = [f"shuffle{c[0]}-b{c[1]}-s{c[2]}-c{c[3]}-i{64 if c[4] else 32}" for c in CASES]
+
+
+def _kw(shuffle, batch_size, sample_block):
+    return dict(batch_size=batch_size, sample_block=sample_block, n_hot_max=12,
+                shuffle=shuffle, random_state=7)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("module", ["numpy", "stand-in"])
+def test_device_build_equals_host_build(case, module):
+    """The whole device pipeline (plan, ranking, shuffle, tiling with one
+    array module, from the CSR's raw arrays) gives the host build's layout,
+    bit for bit, and the matrix (duplicates summed, zeros dropped)."""
+    shuffle, batch_size, sample_block, chunk_nnz, int64 = case
+    rng = np.random.default_rng(11)
+    X = _problem(rng, int64=int64)
+    snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X, **kw)
+    xp = np if module == "numpy" else _FakeCupy()
+    parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
+    B = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, **kw)
+    _assert_same(A, B, module)
+    C = sp.csr_matrix(X, copy=True)
+    C.sum_duplicates()
+    C.eliminate_zeros()
+    assert (layout_to_csr(A) != C).nnz == 0
+    assert not (A.val == 0).any()
+    assert A.feature_counts[-5:].sum() == 0  # empty columns stay empty
+    for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_device_build_empty_and_one_row():
+    xp = _FakeCupy()
+    for X in (sp.csr_matrix((9, 4), dtype=np.float32),
+              sp.csr_matrix(np.array([[0, 2.0, 0, 1.0]], dtype=np.float32))):
+        for shuffle in (False, True):
+            kw = _kw(shuffle, 4, 2)
+            parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
+            _assert_same(build_layout(X, **kw),
+                         build_layout_csr(X.shape, *parts, xp=xp, **kw), "small")
+
+
+# --------------------------------------------------------------------------
+# the initial factors
+# --------------------------------------------------------------------------
+def _splitmix64(seed, i):
+    """splitmix64 with Python integers: the (seed, i) step, for reference."""
+    m = (1 << 64) - 1
+
+    def mix(z):
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & m
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & m
+        return z ^ (z >> 31)
+
+    return mix(((i + 1) * 0x9E3779B97F4A7C15 + mix(seed)) & m)
+
+
+def test_counter_bits_are_splitmix64():
+    idx = np.array([0, 1, 2, 1000, 2**40 + 3], dtype=np.int64)
+    for seed in (0, 1, 2**31 - 1):
+        got = counter_bits(np, seed, idx)
+        assert got.dtype == np.uint64
+        assert [int(v) for v in got] == [_splitmix64(seed, int(i)) for i in idx]
+        np.testing.assert_array_equal(counter_bits(_FakeCupy(), seed, idx).view(np.ndarray),
+                                      got)
+
+
+def test_counter_normal_is_a_standard_normal():
+    """Moments and quantiles of 2**21 draws against N(0, 1) (tolerances of
+    several standard errors), and the same bits through the stand-in."""
+    from scipy.special import ndtr
+
+    z = counter_normal(np, 3, np.arange(1 << 21))
+    n = z.size
+    assert abs(z.mean()) < 5 / np.sqrt(n)
+    assert abs(z.var() - 1) < 5 * np.sqrt(2 / n)
+    assert abs((z**4).mean() - 3) < 5 * np.sqrt(96 / n)
+    for q in (-2.5, -1.0, 0.0, 0.5, 1.96):
+        p = ndtr(q)
+        assert abs((z < q).mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
+    assert np.abs(z).max() < 4.48
+    w = counter_normal(_FakeCupy(), 3, np.arange(1 << 21))
+    np.testing.assert_array_equal(np.asarray(w).view(np.uint64), z.view(np.uint64))
+    other = counter_normal(np, 4, np.arange(1 << 21))
+    assert abs(np.corrcoef(z, other)[0, 1]) < 5 / np.sqrt(n)
+
+
+def test_factors_drawn_in_layout_order_are_the_user_orders_permuted():
+    """put_in_layout_order draws the factors in the layout's order where the
+    state goes: the rows of the eager user-order draw, permuted, bit for bit;
+    Adagrad's sums of them zero."""
+    from sklearn_cuwide._backends import _cpu
+
+    rng = np.random.default_rng(0)
+    order = rng.permutation(1000).astype(np.int64)
+    eager = ModelState.zeros(1000, 1, 8, adagrad=True, init_scale=0.05, random_state=9)
+    lazy = ModelState.zeros(1000, 1, 8, adagrad=True, init_scale=0.05, random_state=9,
+                            draw=False)
+    assert lazy.V is None and lazy.gV is None and lazy.n_factors == 8
+    a = eager.put_in_layout_order(order, _cpu)
+    b = lazy.put_in_layout_order(order, _cpu)
+    assert b.factor_init is None
+    np.testing.assert_array_equal(a.V.view(np.uint32), b.V.view(np.uint32))
+    np.testing.assert_array_equal(b.V, eager.V[order])
+    np.testing.assert_array_equal(b.gV, np.zeros((1000, 8), np.float32))
+    small = draw_factors(np, 9, 0.05, np.arange(1000), 8, chunk=24)  # chunked: same
+    np.testing.assert_array_equal(small, eager.V)
+    assert abs(eager.V.std() / 0.05 - 1) < 0.05
+
+
+def test_fm_fit_with_lazy_factors_equals_eager(monkeypatch):
+    """A fit whose factors are drawn in layout order equals one from the
+    same factors drawn eagerly in the user's order (the solver permutes)."""
+    rng = np.random.default_rng(1)
+    X = sp.random(300, 40, density=0.1, format="csr", random_state=rng, dtype=np.float32)
+    y = rng.integers(0, 2, 300)
+    kw = dict(n_factors=4, max_iter=3, device="cpu", random_state=0, batch_size=32)
+    a = GPUFactorizationMachine(**kw).fit(X, y)
+    lazy = ModelState.zeros.__func__
+    monkeypatch.setattr(ModelState, "zeros",
+                        classmethod(lambda cls, *a, **k: lazy(cls, *a, **{**k, "draw": True})))
+    assert ModelState.zeros(3, 1, 2, random_state=0, draw=False).V is not None
+    b = GPUFactorizationMachine(**kw).fit(X, y)
+    np.testing.assert_array_equal(a.factors_, b.factors_)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+
+
+# --------------------------------------------------------------------------
+# class discovery
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("y", [
+    np.array([1, 0, 1, 1, 0]),
+    np.array([3, 7, 3, 5], dtype=np.int8),
+    np.array([-4, 2, 2, -4, 9], dtype=np.int32),
+    np.array([5, 5, 6], dtype=np.uint64),
+    np.array([True, False, True]),
+    np.array([0, 10**9, 3]),  # a wide span: sorted
+    np.array([2**63 - 1, 0], dtype=np.int64),
+    np.array([1.0, 0.0, 1.0]),
+    np.array(["b", "a", "c", "a"]),
+    np.random.default_rng(0).integers(0, 5, 10000),
+    np.random.default_rng(1).integers(-3, 40, 10000).astype(np.int16),
+])
+def test_encode_labels_is_np_unique(y):
+    classes, idx = encode_labels(y)
+    want_classes, want_idx = np.unique(y, return_inverse=True)
+    assert classes.dtype == want_classes.dtype and idx.dtype == want_idx.dtype
+    np.testing.assert_array_equal(classes, want_classes)
+    np.testing.assert_array_equal(idx, want_idx)
+
+
+# --------------------------------------------------------------------------
+# the CUDA backend's upload and choice, with the stand-in
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("int64", [False, True])
+@pytest.mark.parametrize("chunk_nnz", [1, 997, 10**9])
+def test_chunked_csr_upload_copies_the_matrix_as_it_is(int64, chunk_nnz):
+    """upload_csr: the CSR's arrays on the device, unsorted and unsummed as
+    the user gave them, in contiguous chunks through the pinned double
+    buffer (every chunk's copy waited for before the arrays are read)."""
+    up = _upload_module()
+    X = _problem(np.random.default_rng(2), int64=int64)
+    fake = _FakeCupy()
+    indptr, indices, data = up.upload_csr(X, fake, chunk_nnz=chunk_nnz)
+    n_chunks = -(-X.nnz // chunk_nnz)
+    assert fake.n_async_copies == 2 * n_chunks
+    (copy,) = fake.streams
+    assert not copy.queue and not copy.in_flight
+    assert indptr.dtype == np.int64 and indices.dtype == X.indices.dtype
+    np.testing.assert_array_equal(np.asarray(indptr), X.indptr)
+    np.testing.assert_array_equal(np.asarray(indices), X.indices)
+    np.testing.assert_array_equal(np.asarray(data), X.data)
+
+
+def test_chunked_csr_upload_needs_the_wait(monkeypatch):
+    up = _upload_module()
+    X = _problem(np.random.default_rng(3))
+    monkeypatch.setattr(up.PinnedUploader, "close", lambda self: None)
+    monkeypatch.setattr(up.PinnedUploader, "acquire", lambda self, slot, stream: None)
+    _, indices, _ = up.upload_csr(X, _FakeCupy(), chunk_nnz=997)
+    assert not np.array_equal(np.asarray(indices), X.indices)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_uploaded_then_built_on_the_device(shuffle):
+    """The CUDA path of a host matrix that fits: upload_csr, then the whole
+    build with the device module (the stand-in): the host build's layout."""
+    up = _upload_module()
+    X = _problem(np.random.default_rng(4))
+    kw = _kw(shuffle, 64, 30)
+    fake = _FakeCupy()
+    B = up.build_on_device(X, fake, chunk_nnz=701, upload_chunk_nnz=1999, **kw)
+    _assert_same(build_layout(X, **kw), B, "uploaded")
+    assert fake.n_async_copies == 2 * -(-X.nnz // 1999)
+
+
+def test_build_site():
+    """Where the CUDA backend builds a layout: on the device from the
+    uploaded CSR when the CSR and the layout fit; else the host plan with
+    the chunks uploaded (the layout fits); else on the host."""
+    build_site = _upload_module().build_site
+    nnz, rows = 10**8, 10**6
+    csr = (rows + 1) * 8 + nnz * 8
+    layout = nnz * 10 + (64 << 20)
+    assert build_site(nnz, rows, 4, 4, csr + layout, on_device=False) == "device"
+    assert build_site(nnz, rows, 4, 4, csr + layout - 1, on_device=False) == "host_plan"
+    assert build_site(nnz, rows, 4, 4, layout, on_device=False) == "host_plan"
+    assert build_site(nnz, rows, 4, 4, layout - 1, on_device=False) == "host"
+    assert build_site(nnz, rows, 4, 4, layout, on_device=True) == "device"
+    assert build_site(nnz, rows, 4, 4, layout - 1, on_device=True) == "host"
+    assert build_site(nnz, rows, 8, 8, csr + layout, on_device=False) == "host_plan"

@@ -1,0 +1,211 @@
+"""The fit's device pipeline on a GPU (marker ``gpu``; skipped without one).
+
+Their CPU counterparts (the same code with numpy, and with a numpy stand-in
+for cupy) are in ``tests/test_device_pipeline.py``.  Here, with cupy:
+
+* the layout built on the device from an uploaded host CSR
+  (``_upload.build_on_device``), from a cupyx matrix, and by each choice of
+  ``_upload.build_site`` through the backend's ``build_layout``, equals the
+  CPU-built layout for the same seed, bit for bit;
+* the ranking and the initial factors are the same bits on the device as
+  with numpy;
+* scipy and cupyx input give the same model;
+* a fit interrupted by an exception (in the layout build, or in an epoch)
+  gives its device memory back: cupy's pool holds the bytes it held before.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide import GPUFactorizationMachine, GPULogisticRegression
+from sklearn_cuwide._device import cuda_device_count
+from sklearn_cuwide._layout import build_layout, frequency_ranking
+from sklearn_cuwide._state import counter_normal, draw_factors
+
+from .test_device_pipeline import CASES, IDS, _kw, _problem
+from .test_gpu_upload import _assert_same
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gpu_device_build_equals_cpu_build(case):
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends._cuda import _upload
+
+    shuffle, batch_size, sample_block, chunk_nnz, int64 = case
+    X = _problem(np.random.default_rng(5), n=5003, int64=int64)
+    snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X, **kw)
+    B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=4099, **kw)
+    assert isinstance(B.feat, cp.ndarray)
+    _assert_same(A, B, "uploaded")
+    if not int64:  # an older cupy makes a cupyx matrix's indices int32
+        C = build_layout(cpsp.csr_matrix(X), xp=cp, chunk_nnz=chunk_nnz, **kw)
+        _assert_same(A, C, "cupyx")
+    for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gpu_device_build_float64_many_chunks(shuffle):
+    """float64 values (uploaded as they are, stored as float32 on the
+    device), upload runs and sort chunks that divide nothing evenly."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import _upload
+
+    X = _problem(np.random.default_rng(9), n=20011, d=3001, dtype=np.float64)
+    kw = _kw(shuffle, 257, 100)
+    A = build_layout(X, **kw)
+    for chunk_nnz, upload in ((5003, 7919), (30011, 1 << 22)):
+        B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=upload, **kw)
+        _assert_same(A, B, f"float64 chunk={chunk_nnz} upload={upload}")
+
+
+def test_gpu_backend_build_layout_each_site(monkeypatch):
+    """The backend's build_layout by each of build_site's choices (budgets
+    at the boundaries of its estimates): the CPU-built layout each time."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _upload
+
+    X = _problem(np.random.default_rng(6), n=20011, d=3001)
+    kw = dict(_kw(True, 64, 30), chunk_nnz=30011)
+    A = build_layout(X, **kw)
+    layout = X.nnz * _upload.LAYOUT_BYTES_PER_NNZ + _upload.LAYOUT_SLACK
+    csr = (X.shape[0] + 1) * 8 + X.nnz * (X.indices.itemsize + X.data.itemsize)
+    called = []
+    for name in ("build_on_device", "build_from_host"):
+        orig = getattr(_upload, name)
+        monkeypatch.setattr(_upload, name,
+                            lambda *a, _o=orig, _n=name, **k: called.append(_n) or _o(*a, **k))
+    for budget, site in ((csr + layout, "build_on_device"), (layout, "build_from_host"),
+                         (layout - 1, None)):
+        called.clear()
+        B = _cuda.build_layout(X, memory_budget=budget, **kw)
+        assert called == ([site] if site else [])
+        assert isinstance(B.feat, cp.ndarray) == (site is not None)
+        _assert_same(A, B, f"budget {budget}")
+
+
+def test_gpu_ranking_and_factors_are_numpys_bits():
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, 5000, 200000)  # many ties
+    val = rng.integers(0, 4, idx.size).astype(np.float32)
+    for a, b in zip(frequency_ranking(idx, 5000, data=val),
+                    frequency_ranking(cp.asarray(idx), 5000, xp=cp, data=cp.asarray(val))):
+        assert isinstance(b, np.ndarray)
+        np.testing.assert_array_equal(a, b)
+    z = counter_normal(np, 12, np.arange(1 << 22))
+    w = counter_normal(cp, 12, cp.arange(1 << 22))
+    np.testing.assert_array_equal(z.view(np.uint64), w.get().view(np.uint64))
+    order = rng.permutation(70001)
+    V = draw_factors(np, 3, 0.01, order, 16)
+    W = draw_factors(cp, 3, 0.01, cp.asarray(order), 16, chunk=1 << 16)
+    np.testing.assert_array_equal(V.view(np.uint32), W.get().view(np.uint32))
+
+
+def _data(n=20000, d=3000):
+    rng = np.random.default_rng(8)
+    X = sp.random(n, d, density=0.004, format="csr", random_state=rng, dtype=np.float32)
+    X.data[:] = 1.0
+    w = rng.normal(size=d)
+    y = (X @ w + 0.3 * rng.normal(size=n) > 0).astype(np.int64)
+    return X, y
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GPULogisticRegression(solver="adagrad", max_iter=3, concurrency=1,
+                                  random_state=0, device="cuda"),
+    lambda: GPUFactorizationMachine(n_factors=8, max_iter=3, concurrency=1,
+                                    random_state=0, device="cuda"),
+], ids=["lr", "fm"])
+def test_gpu_scipy_and_cupyx_input_give_the_same_model(make, monkeypatch):
+    """The same matrix from the host (uploaded, built on the device) and
+    from the device (built where it is): the same layout and initial
+    state, so the same model (one worker: to the float32 rounding of the
+    kernels' atomic additions)."""
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends._cuda import _upload
+
+    X, y = _data()
+    called = []
+    orig = _upload.build_on_device
+    monkeypatch.setattr(_upload, "build_on_device",
+                        lambda *a, **k: called.append(1) or orig(*a, **k))
+    a = make().fit(X, y)
+    assert called  # the host matrix went through the device pipeline
+    b = make().fit(cpsp.csr_matrix(X), y)
+    for name in ("coef_", "intercept_", "factors_"):
+        if hasattr(a, name):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name),
+                                       rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("where", ["layout", "epoch"])
+@pytest.mark.parametrize("source", ["scipy", "cupyx"])
+def test_gpu_interrupted_fit_frees_its_device_memory(where, source, monkeypatch):
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide import _layout
+    from sklearn_cuwide._backends import _cuda
+
+    X, y = _data()
+    if source == "cupyx":
+        X = cpsp.csr_matrix(X)
+    make = lambda: GPUFactorizationMachine(n_factors=8, max_iter=3, random_state=0,  # noqa: E731
+                                           device="cuda")
+    make().fit(X, y)  # kernels compiled, caches filled
+    gc.collect()
+    pool = cp.get_default_memory_pool()
+    cp.cuda.get_current_stream().synchronize()
+    before = pool.used_bytes()
+
+    class Interrupt(Exception):
+        pass
+
+    calls = []
+    if where == "layout":  # in the tiling, after the upload
+
+        def store(self, sorted_chunk):
+            calls.append(1)
+            raise Interrupt
+
+        monkeypatch.setattr(_layout.LayoutTiler, "store", store)
+    else:  # in the second epoch
+        orig_epoch = _cuda.run_epoch
+
+        def run_epoch(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                raise Interrupt
+            return orig_epoch(*a, **k)
+
+        monkeypatch.setattr(_cuda, "run_epoch", run_epoch)
+    est = make()
+    try:
+        est.fit(X, y)
+        interrupted = False
+    except Interrupt:
+        interrupted = True
+    assert interrupted and calls
+    assert not hasattr(est, "coef_")
+    del est
+    gc.collect()
+    cp.cuda.get_current_stream().synchronize()
+    assert pool.used_bytes() <= before
