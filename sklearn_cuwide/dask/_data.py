@@ -44,6 +44,10 @@ def on_workers(client, fn, shards, workers, *args, **kwargs):
     ]
 
 
+def _rows(shard):
+    return shard.X.shape[0]
+
+
 def _is_dask_array(a):
     try:
         import dask.array as da
@@ -163,10 +167,7 @@ def distribute(client, X, y, sample_weight, *, device, y_numeric):
         shards.append(client.submit(_shard.make_shard, device, *mine, workers=[w],
                                     allow_other_workers=False, pure=False))
     # the checks run now, so that bad input fails here, before any training
-    from distributed import wait
-
-    wait(shards)
-    for f in shards:
-        if f.status == "error":
-            f.result()  # raises the worker's error
+    # (a failed partition's error is raised by gathering its row count)
+    client.gather([client.submit(_rows, s, workers=[w], pure=False)
+                   for s, w in zip(shards, workers)])
     return shards, workers, int(X.shape[1])
