@@ -350,8 +350,9 @@ _DOC = """{summary}
     per worker.  Each worker keeps its partition (and, for the mini-batch
     solvers, its tile layout) in its memory for the whole fit.
     {solvers}
-    ``warm_start`` and ``early_stopping`` are not supported.  See
-    :doc:`/dask`.
+    ``warm_start`` and ``early_stopping`` are not supported.  A fit sets
+    the fitted attributes of :class:`sklearn_cuwide.{name}` (``coef_``,
+    ...), which :meth:`to_local`'s estimator holds too.  See :doc:`/dask`.
 
     Parameters
     ----------
@@ -359,14 +360,10 @@ _DOC = """{summary}
         The cluster to fit on; None takes the current client.
     comm : {{"dask", "nccl"}} or communicator, default="dask"
         How the partitions' buffers are summed: through Dask (the client
-        gathers them), or NCCL all-reduce between the workers' GPUs.
+        gathers them), or NCCL all-reduce between the workers' GPUs (not yet
+        measured).
     **params
         The parameters of :class:`sklearn_cuwide.{name}`.
-
-    Attributes
-    ----------
-    The fitted attributes of :class:`sklearn_cuwide.{name}`, also
-    on :meth:`to_local`'s estimator.
 
     Examples
     --------
@@ -374,7 +371,8 @@ _DOC = """{summary}
     >>> from distributed import Client, LocalCluster
     >>> from sklearn_cuwide.datasets import {data}
     >>> from sklearn_cuwide.dask import {name}
-    >>> cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False)
+    >>> cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+    ...                        dashboard_address=None)
     >>> client = Client(cluster)
     >>> X, y = {data}(n_samples=2_000, n_features=2**10, random_state=0)
     >>> dX = da.from_array(X, chunks=(500, -1), asarray=False)
@@ -511,7 +509,7 @@ GPUFactorizationMachine.__doc__ = _DOC.format(
     summary="Factorization machine classifier on sparse data spread over a Dask "
             "cluster.",
     name="GPUFactorizationMachine", data="make_ctr_classification",
-    example_params="n_factors=4, max_iter=3, random_state=0, ",
+    example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
     solvers="Each epoch, every partition trains one epoch from the global model "
             "and the models are averaged, weighted by rows.")
 
@@ -553,6 +551,6 @@ GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
     summary="Factorization machine regressor on sparse data spread over a Dask "
             "cluster.",
     name="GPUFactorizationMachineRegressor", data="make_ctr_regression",
-    example_params="n_factors=4, max_iter=3, random_state=0, ",
+    example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
     solvers="Each epoch, every partition trains one epoch from the global model "
             "and the models are averaged, weighted by rows.")
