@@ -383,3 +383,19 @@ def test_nccl_lbfgs_equals_dask_comm(binary):
                                              concurrency=1, device="cuda", client=c,
                                              comm="dask").fit(dX, dy)
         np.testing.assert_allclose(f.factors_, g.factors_, rtol=1e-5, atol=1e-6)
+
+
+def test_clone_shares_the_client_and_pickle_drops_it(client, binary):
+    import pickle
+
+    from sklearn.base import clone
+
+    X, y = binary
+    est = dask_api.GPULogisticRegression(C=0.3, device="cpu", client=client)
+    twin = clone(est)
+    assert twin.client is client and twin.C == 0.3
+    dX, dy, _ = _dask(X, y)
+    est.fit(dX, dy)
+    back = pickle.loads(pickle.dumps(est))
+    assert back.client is None
+    np.testing.assert_array_equal(back.predict(X), est.to_local().predict(X))

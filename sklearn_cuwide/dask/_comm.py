@@ -17,8 +17,8 @@ The task side is :meth:`reduce_local` (picklable, run on the worker), the
 client side :meth:`combine`.
 """
 
-import itertools
 import threading
+import uuid
 
 import numpy as np
 
@@ -53,7 +53,6 @@ class DaskComm:
 #: NCCL communicators of this worker process, by (session, rank)
 _NCCL_COMMS = {}
 _NCCL_LOCK = threading.Lock()
-_SESSIONS = itertools.count(1)
 
 
 def _nccl_unique_id():
@@ -88,7 +87,8 @@ class NcclComm:
     name = "nccl"
 
     def __init__(self):
-        self.session = next(_SESSIONS)
+        # unique across clients: several fits may share a cluster
+        self.session = uuid.uuid4().hex
         self.n_ranks = 0
 
     def setup(self, client, workers):

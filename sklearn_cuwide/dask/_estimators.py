@@ -12,7 +12,7 @@ import inspect
 import math
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
@@ -246,6 +246,20 @@ or GPUFactorizationMachineRegressor
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_local")
+
+    def __sklearn_clone__(self):
+        # the client is shared, not copied (a connection cannot be copied)
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()},
+                          client=client)
+
+    def __getstate__(self):
+        # a pickled estimator keeps no connection: refitted, it takes the
+        # current client
+        state = super().__getstate__()
+        state["client"] = None
+        return state
 
     def _map(self, X, method, n_columns):
         """``method`` of the fitted model on ``X``: partition-wise on a dask
