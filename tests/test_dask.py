@@ -399,3 +399,25 @@ def test_clone_shares_the_client_and_pickle_drops_it(client, binary):
     back = pickle.loads(pickle.dumps(est))
     assert back.client is None
     np.testing.assert_array_equal(back.predict(X), est.to_local().predict(X))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() < 1, reason="needs a CUDA GPU")
+def test_one_gpu_worker_is_the_single_gpu_fit(binary):
+    """One dask-cuda worker: L-BFGS (the fused GPU objective per partition)
+    and a one-partition FM give the single-GPU fit's model."""
+    dask_cuda = pytest.importorskip("dask_cuda")
+    X, y = binary
+    with dask_cuda.LocalCUDACluster(n_workers=1) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as c:
+        dX, dy, _ = _dask(X, y)
+        kw = dict(tol=1e-9, max_iter=1000, device="cuda")
+        a = dask_api.GPULogisticRegression(**kw, client=c).fit(dX, dy)
+        b = local_api.GPULogisticRegression(**kw).fit(X, y)
+        assert a.device_.startswith("cuda")
+        assert _rel(a.coef_, b.coef_) < 1e-4
+        kw = dict(n_factors=4, max_iter=2, random_state=0, concurrency=1, tol=None,
+                  device="cuda")
+        f = dask_api.GPUFactorizationMachine(**kw, client=c).fit(*_dask(X, y, X.shape[0])[:2])
+        g = local_api.GPUFactorizationMachine(**kw).fit(X, y)
+        np.testing.assert_allclose(f.factors_, g.factors_, rtol=1e-4, atol=1e-6)

@@ -126,7 +126,6 @@ class _DaskWide(BaseEstimator):
                                           summaries, n_features, progress)
         finally:
             comm.close(client)
-            del shards
         commit(local, {"n_features_in_": n_features,
                        "device_": summaries[0]["device"], **fitted})
         self._local = local
