@@ -277,6 +277,68 @@ def test_one_partition_is_the_single_process_fit(client, name, make, problem, re
     assert got.n_iter_ == ref.n_iter_
 
 
+def _reference_rounds(local, X, y, parts_rows, epochs, sync_every):
+    """The reference of ``sync_every``: each epoch's mini-batch order of
+    every partition (drawn as the single-process solver draws it) cut into
+    as many rounds as the largest partition has groups of ``sync_every``;
+    each round, the partitions train their share with the CPU backend's
+    ``run_epoch`` from the same state, one by one, and the models are
+    averaged by rows.  One head (binary or regression)."""
+    params, (state,), (t,) = _single_process_setup(local, X, y, np.ones(X.shape[0]))
+    _, seed_layout, seed_epochs, _ = _seeds(local.random_state)
+    bounds = np.cumsum([0] + list(parts_rows))
+    parts = []
+    for k in range(len(parts_rows)):
+        r = slice(bounds[k], bounds[k + 1])
+        sb, nh = _cpu.tile_shape(params, 1, state.n_factors, local.batch_size)
+        L = _cpu.build_layout(X[r], batch_size=local.batch_size, sample_block=sb,
+                              n_hot_max=nh, shuffle=True, random_state=seed_layout + k,
+                              dtype=COMPUTE_DTYPE)
+        tl = t[r][L.row_order].astype(COMPUTE_DTYPE)
+        sw = np.ones(L.n_rows)
+        bw = np.add.reduceat(sw, L.sblock_row_ptr[L.batch_sblock_ptr[:-1]])
+        parts.append((L, tl, sw.astype(COMPUTE_DTYPE), bw,
+                      np.random.default_rng(seed_epochs + k)))
+    n_rounds = -(-max(L.n_batches for L, *_ in parts) // sync_every)
+    for _ in range(epochs):
+        orders = [rng.permutation(L.n_batches) for L, _, _, _, rng in parts]
+        for q in range(n_rounds):
+            acc = None
+            for (L, tl, sw, bw, _), order in zip(parts, orders):
+                nb = L.n_batches
+                st = ModelState(**{a: np.array(v) for a, v in state.arrays().items()})
+                st = st.permute_features(L.feature_order)
+                _cpu.run_epoch(L, tl, sw, bw, st, params,
+                               order[q * nb // n_rounds:(q + 1) * nb // n_rounds])
+                st = st.permute_features(L.feature_rank)
+                arrs = {a: L.n_rows * np.asarray(v, np.float64)
+                        for a, v in st.arrays().items()}
+                acc = arrs if acc is None else {a: acc[a] + arrs[a] for a in acc}
+            state = ModelState(**{a: (v / X.shape[0]).astype(COMPUTE_DTYPE)
+                                  for a, v in acc.items()})
+    return state
+
+
+@pytest.mark.parametrize("sync_every", [1, 3])
+def test_sync_every_averages_every_k_minibatches(client, binary, sync_every):
+    X, y = binary
+    local = local_api.GPUFactorizationMachine(n_factors=3, batch_size=64, max_iter=2,
+                                              random_state=7, device="cpu", tol=None)
+    dX, dy, _ = _dask(X, y, chunk=UNEQUAL)
+    est = _dask_of(local, client).set_params(sync_every=sync_every).fit(dX, dy)
+    ref = _reference_rounds(local, X, y, [sum(UNEQUAL[:2]), UNEQUAL[2]], 2, sync_every)
+    (w, b, V), = _fitted_heads(est.to_local())
+    np.testing.assert_allclose(w, ref.w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V, ref.V, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, ref.b, rtol=1e-5, atol=1e-6)
+    # one partition: rounds in order are the single-process epoch
+    one = _dask_of(local, client).set_params(sync_every=sync_every).fit(
+        *_dask(X, y, chunk=X.shape[0])[:2]).to_local()
+    single = local_api.GPUFactorizationMachine(**local.get_params()).fit(X, y)
+    np.testing.assert_allclose(one.factors_, single.factors_, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(one.loss_curve_, single.loss_curve_, rtol=1e-6)
+
+
 def test_tol_stops_as_the_single_process_fit(client, binary):
     """The stopping rule on the global loss is the single-process fit's."""
     X, y = binary
@@ -313,7 +375,7 @@ def test_csc_chunks_refused(client, binary):
     dX = da.from_array(X, chunks=(CHUNK, -1), asarray=False).map_blocks(
         sp.csc_matrix, dtype=X.dtype)
     dy = da.from_array(y, chunks=CHUNK)
-    with pytest.raises(TypeError, match=r"chunk 0 is a csc_matrix \(csc\)"):
+    with pytest.raises(TypeError, match=r"chunk \d+ is a csc_matrix \(csc\)"):
         dask_api.GPUFactorizationMachine(device="cpu", client=client).fit(dX, dy)
 
 
@@ -358,7 +420,7 @@ def test_parameters_mirror_the_single_process_estimators():
                  "GPUFactorizationMachineRegressor"):
         ours = set(getattr(dask_api, name)().get_params())
         theirs = set(getattr(local_api, name)().get_params())
-        assert ours == theirs | {"client", "comm"}
+        assert ours == theirs | {"client", "comm", "sync_every"}
 
 
 # --------------------------------------------------------------------------

@@ -10,9 +10,11 @@ by that class's constraints and solver checks.  A fit returns, through
 
 import inspect
 import math
+from numbers import Integral
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
@@ -43,14 +45,23 @@ __all__ = ["GPULogisticRegression", "GPUFactorizationMachine",
 _LR_SAMPLE_ROWS = 100_000
 
 
+#: the parameters of the Dask estimators that the single-process ones lack
+_DASK_PARAMETERS = {
+    "client": "no_validation",
+    "comm": "no_validation",  # checked by make_comm
+    "sync_every": [None, Interval(Integral, 1, None, closed="left")],
+}
+
+
 def _mirrored_init(local_class):
-    """An ``__init__`` with ``local_class``'s parameters plus ``client`` and
-    ``comm`` (keyword-only), storing them as they are: scikit-learn reads the
-    parameters from its signature."""
+    """An ``__init__`` with ``local_class``'s parameters plus ``client``,
+    ``comm`` and ``sync_every`` (keyword-only), storing them as they are:
+    scikit-learn reads the parameters from its signature."""
     sig = inspect.signature(local_class.__init__)
     extra = [
         inspect.Parameter("client", inspect.Parameter.KEYWORD_ONLY, default=None),
         inspect.Parameter("comm", inspect.Parameter.KEYWORD_ONLY, default="dask"),
+        inspect.Parameter("sync_every", inspect.Parameter.KEYWORD_ONLY, default=None),
     ]
     new_sig = sig.replace(parameters=list(sig.parameters.values()) + extra)
 
@@ -74,7 +85,7 @@ class _DaskWide(BaseEstimator):
 
     def _local_params(self):
         return {k: v for k, v in self.get_params(deep=False).items()
-                if k not in ("client", "comm")}
+                if k not in _DASK_PARAMETERS}
 
     def _new_local(self):
         """An unfitted single-process estimator with this one's parameters."""
@@ -210,7 +221,7 @@ class _DaskWide(BaseEstimator):
             tol=self.tol, n_iter_no_change=self.n_iter_no_change, shuffle=self.shuffle,
             concurrency=self.concurrency, seed_layout=seed_layout,
             seed_epochs=seed_epochs, total_weight=stats["total_weight"],
-            progress=progress,
+            sync_every=self.sync_every, progress=progress,
         )
         blown_up = []
         for k, r in enumerate(results):
@@ -375,6 +386,11 @@ _DOC = """{summary}
         How the partitions' buffers are summed: through Dask (the client
         gathers them), or NCCL all-reduce between the workers' GPUs (not yet
         measured).
+    sync_every : int or None, default=None
+        Mini-batch solvers: average the models every ``sync_every``
+        mini-batches of the largest partition (each partition's epoch cut
+        into as many rounds); None averages once per epoch.  Ignored by
+        ``"lbfgs"``.
     **params
         The parameters of :class:`sklearn_cuwide.{name}`.
 
@@ -403,8 +419,7 @@ class GPULogisticRegression(_DaskClassifier):
     _local_class = _logistic.GPULogisticRegression
     _parameter_constraints = {
         **_logistic.GPULogisticRegression._parameter_constraints,
-        "client": "no_validation",
-        "comm": "no_validation",  # checked by make_comm
+        **_DASK_PARAMETERS,
     }
     __init__ = _mirrored_init(_logistic.GPULogisticRegression)
 
@@ -498,8 +513,7 @@ class GPUFactorizationMachine(_DaskClassifier, _DaskFM):
     _local_class = _fm.GPUFactorizationMachine
     _parameter_constraints = {
         **_fm.GPUFactorizationMachine._parameter_constraints,
-        "client": "no_validation",
-        "comm": "no_validation",  # checked by make_comm
+        **_DASK_PARAMETERS,
     }
     __init__ = _mirrored_init(_fm.GPUFactorizationMachine)
 
@@ -532,8 +546,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _DaskFM):
     _regressor = True
     _parameter_constraints = {
         **_fm.GPUFactorizationMachineRegressor._parameter_constraints,
-        "client": "no_validation",
-        "comm": "no_validation",  # checked by make_comm
+        **_DASK_PARAMETERS,
     }
     __init__ = _mirrored_init(_fm.GPUFactorizationMachineRegressor)
 

@@ -7,9 +7,10 @@ arrays; neither sees an estimator.
 * :func:`fit_lbfgs` -- full-batch L-BFGS: the single-process driver
   (:func:`sklearn_cuwide._solvers.fit_lbfgs_summed`) on the client, each
   objective evaluation one task per partition whose data terms are summed.
-* :func:`fit_epochs` -- the mini-batch solvers: per epoch, every partition
-  trains one epoch of its own tile layout from the current global model with
-  the single-process solver, and the models (and Adagrad's accumulators) are
+* :func:`fit_epochs` -- the mini-batch solvers: per epoch (or per round of
+  ``sync_every`` mini-batches), every partition trains its own tile layout
+  from the current global model with the single-process step
+  (``backend.run_epoch``), and the models (and Adagrad's accumulators) are
   averaged, weighted by the partitions' rows.
 """
 
@@ -61,8 +62,9 @@ def epoch_seeds(seed, rank, n_heads, head):
 
 def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_outputs,
                n_factors, batch_size, max_iter, tol, n_iter_no_change, shuffle,
-               concurrency, seed_layout, seed_epochs, total_weight, progress=None):
-    """Data-parallel epochs with per-epoch model averaging.
+               concurrency, seed_layout, seed_epochs, total_weight, sync_every=None,
+               progress=None):
+    """Data-parallel epochs with model averaging.
 
     Parameters
     ----------
@@ -70,7 +72,7 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
     states : list of ModelState
         Each head's starting state (numpy, user feature order).
     heads : list
-        What each head trains on (see :func:`._shard.train_epoch`): ``None``
+        What each head trains on (see :func:`._shard._head_target`): ``None``
         (the partition's targets) or a class index (one-vs-rest).
     total_weight : float
         The sum of the training weights (the epochs' mean loss).
@@ -78,6 +80,10 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
         Partition ``k``'s layout is shuffled with ``seed_layout + k`` and its
         epochs drawn from :func:`epoch_seeds`: one partition trains exactly
         as the single-process fit with the same seeds.
+    sync_every : int or None
+        Average the models every ``sync_every`` mini-batches of the partition
+        with the most (every partition cut into as many rounds); None: once
+        per epoch.
 
     Returns
     -------
@@ -86,12 +92,14 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
     progress = FitProgress(0) if progress is None else progress
     n_heads = len(heads)
     shards = [
-        client.submit(_shard.with_layout, s, params, batch_size=batch_size,
+        client.submit(_shard.with_layout, s, params, heads, batch_size=batch_size,
                       n_outputs=n_outputs, n_factors=n_factors, shuffle=shuffle,
                       seed=seed_layout + rank, concurrency=concurrency, workers=[w],
                       allow_other_workers=False, pure=False)
         for rank, (s, w) in enumerate(zip(shards, workers))
     ]
+    most = max(client.gather(on_workers(client, _shard.n_batches, shards, workers)))
+    n_rounds = 1 if sync_every is None else max(1, -(-most // int(sync_every)))
     progress.stage("layouts")
     rngs = [[np.random.default_rng(epoch_seeds(seed_epochs, r, n_heads, h))
              .bit_generator.state for h in range(n_heads)] for r in range(len(shards))]
@@ -106,29 +114,35 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
     for epoch in range(int(max_iter)):
         if not active:
             break
-        cur = [states[h] for h in active]
-        [sf] = client.scatter([cur], broadcast=True)
-        futs = [
-            client.submit(_shard.train_epoch, s, sf, params, [heads[h] for h in active],
-                          [rngs[rank][h] for h in active], comm, rank, shuffle=shuffle,
-                          ramp=ramp if epoch == 0 else 0, workers=[w],
-                          allow_other_workers=False, pure=False)
-            for rank, (s, w) in enumerate(zip(shards, workers))
-        ]
-        returns = client.gather(futs)
+        loss_sums = np.zeros(len(active))
+        for round_ in range(n_rounds):
+            cur = [states[h] for h in active]
+            [sf] = client.scatter([cur], broadcast=True)
+            futs = [
+                client.submit(_shard.train_round, s, sf, params, active,
+                              [rngs[rank][h] for h in active], comm, rank,
+                              shuffle=shuffle,
+                              ramp=ramp if epoch == 0 and round_ == 0 else 0,
+                              round_=round_, n_rounds=n_rounds, workers=[w],
+                              allow_other_workers=False, pure=False)
+                for rank, (s, w) in enumerate(zip(shards, workers))
+            ]
+            returns = client.gather(futs)
+            total = comm.combine([r for r, _ in returns])
+            _, spec = _shard.pack_states(cur)
+            size = total.size - 1 - len(active)
+            rows = total[size]
+            new = _shard.unpack_states(total[:size] / rows, spec, len(active),
+                                       dtype=cur[0].w.dtype)
+            for h, st in zip(active, new):
+                states[h] = st
+            loss_sums += total[size + 1:]
+        # every round drew the epoch's order from its start: now move on
         for rank, (_, rs) in enumerate(returns):
             for h, st in zip(active, rs):
                 rngs[rank][h] = st
-        total = comm.combine([r for r, _ in returns])
-        _, spec = _shard.pack_states(cur)
-        size = total.size - 1 - len(active)
-        rows = total[size]
-        new = _shard.unpack_states(total[:size] / rows, spec, len(active),
-                                   dtype=cur[0].w.dtype)
-        losses = total[size + 1:] / total_weight
         still = []
-        for h, st, ep_loss in zip(active, new, losses):
-            states[h] = st
+        for h, ep_loss in zip(active, loss_sums / total_weight):
             n_iter[h] = epoch + 1
             if not ep_loss <= loss_limit:
                 raise _diverged(f"the training loss of epoch {epoch + 1} is "

@@ -18,13 +18,13 @@ from .. import _device
 from .._backends import get_backend
 from .._base import DTYPES, check_weight_range
 from .._minibatch import COMPUTE_DTYPE
-from .._solvers import _linear_objective, fit_minibatch
+from .._solvers import _linear_objective, batch_weights
 from .._sparse import canonical_csr
 from .._state import ModelState
 from .._validation import check_sparse_structure
 
 __all__ = ["Shard", "check_chunk", "make_shard", "summary", "with_targets",
-           "lbfgs_evaluate", "with_layout", "train_epoch"]
+           "lbfgs_evaluate", "with_layout", "train_round"]
 
 
 @dataclass
@@ -157,21 +157,36 @@ def lbfgs_evaluate(shard, x, comm, rank):
 # --------------------------------------------------------------------------
 # mini-batch solvers: one epoch of this partition from the global model
 # --------------------------------------------------------------------------
-def with_layout(shard, params, *, batch_size, n_outputs, n_factors, shuffle, seed,
-                concurrency):
-    """A new shard holding its tile layout (built once, on its device when it
-    fits) and the epochs' workers for ``concurrency`` (the estimators'
-    parameter)."""
+def with_layout(shard, params, heads, *, batch_size, n_outputs, n_factors, shuffle,
+                seed, concurrency):
+    """A new shard holding its tile layout, built once and put where
+    ``run_epoch`` walks it (on its GPU when it fits), each head's targets
+    and the weights in the layout's row order, and the epochs' workers for
+    ``concurrency`` (the estimators' parameter): what
+    :func:`sklearn_cuwide._solvers.fit_minibatch` prepares once per fit."""
     be = shard.backend
     sample_block, n_hot_max = be.tile_shape(params, n_outputs, n_factors, batch_size)
     layout = be.build_layout(
         shard.X, batch_size=batch_size, sample_block=sample_block,
         n_hot_max=n_hot_max, shuffle=shuffle, random_state=seed, dtype=COMPUTE_DTYPE,
     )
+    ro = layout.row_order
+    sw_l = np.ascontiguousarray(np.asarray(shard.sw, dtype=np.float64)[ro])
     out = Shard(X=shard.X, y=shard.y, sw=shard.sw, device=shard.device, t=shard.t)
-    out.cache["layout"] = layout
-    out.cache["workers"] = be.concurrent_blocks(concurrency, params, layout.n_batches)
+    out.cache.update(
+        layout=layout,
+        device_layout=be.put_layout(layout),
+        y=[be.to_device(np.ascontiguousarray(_head_target(shard, h)[ro])
+                        .astype(COMPUTE_DTYPE)) for h in heads],
+        sw=be.to_device(sw_l.astype(COMPUTE_DTYPE)),
+        batch_weight=batch_weights(layout, sw_l),
+        workers=be.concurrent_blocks(concurrency, params, layout.n_batches),
+    )
     return out
+
+
+def n_batches(shard):
+    return int(shard.cache["layout"].n_batches)
 
 
 def pack_states(states):
@@ -201,35 +216,40 @@ def unpack_states(buf, spec, n_heads, dtype=COMPUTE_DTYPE):
     return states
 
 
-def train_epoch(shard, states, params, heads, rng_states, comm, rank, *, shuffle,
-                ramp):
-    """One epoch of this partition for each of ``heads`` (indices into the
-    targets), each from its state in ``states`` (the global model, numpy,
-    user feature order), with the single-process solver.
+def train_round(shard, states, params, heads, rng_states, comm, rank, *, shuffle,
+                ramp, round_, n_rounds):
+    """Round ``round_`` of ``n_rounds`` of an epoch of this partition, for
+    each of ``heads`` (indices into the shard's targets), each from its state
+    in ``states`` (the global model, numpy, user feature order): the
+    mini-batches ``[round_ * n / n_rounds, (round_ + 1) * n / n_rounds)`` of
+    the epoch's order, drawn from the head's generator as
+    :func:`~sklearn_cuwide._solvers.fit_minibatch` draws it (one round: the
+    whole epoch, that function's epoch exactly).
 
     Returns ``(reduced, rng_states)``: ``comm``'s reduction of the buffer
-    ``[n_rows * packed states..., n_rows, total_weight * epoch loss per
-    head...]`` (the client divides by the summed rows: the row-weighted
-    average), and the epochs' random generators' states for the next epoch.
+    ``[n_rows * packed states..., n_rows, sum of s_i * loss_i per head...]``
+    (the client divides by the summed rows: the row-weighted average), and
+    the generators' states after the epoch's draw.
     """
-    layout = shard.cache["layout"]
-    n = float(shard.X.shape[0])
-    W = float(shard.sw.sum())
+    be = shard.backend
+    layout, cache = shard.cache["layout"], shard.cache
+    n = float(layout.n_rows)
+    nb = int(layout.n_batches)
+    lo, hi = round_ * nb // n_rounds, (round_ + 1) * nb // n_rounds
     outs, losses, new_rng = [], [], []
     for h, st, rs in zip(heads, states, rng_states):
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = rs
-        # the solver updates some arrays of its state in place: the global
-        # model the other partitions start from is never touched
+        order = rng.permutation(nb) if shuffle else np.arange(nb)
+        # permute_features shares the intercepts, which run_epoch updates in
+        # place: the global model the other partitions start from is copied
         st = ModelState(**{k: np.array(v) for k, v in st.arrays().items()})
-        t = _head_target(shard, h)
-        out, _, curve, _ = fit_minibatch(
-            layout, t.astype(COMPUTE_DTYPE), shard.sw, st, params,
-            backend=shard.backend, max_iter=1, tol=None, shuffle=shuffle,
-            random_state=rng, workers=shard.cache["workers"], ramp=ramp,
-        )
-        outs.append(out)
-        losses.append(W * float(curve[0]) if curve else 0.0)
+        dstate = be.put_state(st.permute_features(layout.feature_order))
+        lsum = be.run_epoch(cache["device_layout"], cache["y"][h], cache["sw"],
+                            cache["batch_weight"], dstate, params, order[lo:hi],
+                            workers=cache["workers"], ramp=ramp)
+        outs.append(be.get_state(dstate).permute_features(layout.feature_rank))
+        losses.append(float(lsum))
         new_rng.append(rng.bit_generator.state)
     buf, _ = pack_states(outs)
     buf = np.concatenate([n * buf, [n], losses])
