@@ -480,7 +480,8 @@ GPULogisticRegression.__doc__ = _DOC.format(
     solvers="``solver=\"lbfgs\"`` sums each iteration's loss and gradient over the "
             "partitions (the same coefficients as the single-process fit); "
             "``\"sgd\"`` and ``\"adagrad\"`` train one epoch per partition from the "
-            "global model and average the models, weighted by rows.")
+            "global model and average the models, weighted by rows (or every "
+            "``sync_every`` mini-batches).")
 
 
 class _DaskFM(_DaskWide):
@@ -538,7 +539,8 @@ GPUFactorizationMachine.__doc__ = _DOC.format(
     name="GPUFactorizationMachine", data="make_ctr_classification",
     example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
     solvers="Each epoch, every partition trains one epoch from the global model "
-            "and the models are averaged, weighted by rows.")
+            "and the models are averaged, weighted by rows (or every "
+            "``sync_every`` mini-batches).")
 
 
 class GPUFactorizationMachineRegressor(RegressorMixin, _DaskFM):
@@ -579,4 +581,5 @@ GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
     name="GPUFactorizationMachineRegressor", data="make_ctr_regression",
     example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
     solvers="Each epoch, every partition trains one epoch from the global model "
-            "and the models are averaged, weighted by rows.")
+            "and the models are averaged, weighted by rows (or every "
+            "``sync_every`` mini-batches).")
