@@ -415,6 +415,17 @@ def test_bad_parameters_use_the_local_rules(client, binary):
             dX, da.zeros(X.shape[0], chunks=CHUNK, dtype=int))
 
 
+def test_nccl_needs_gpu_workers_and_comm_is_checked(client, binary):
+    X, y = binary
+    dX, dy, _ = _dask(X, y)
+    with pytest.raises(ValueError, match="comm='nccl' needs every worker on a GPU"):
+        dask_api.GPULogisticRegression(device="cpu", comm="nccl", client=client).fit(
+            dX, dy)
+    with pytest.raises(ValueError, match="comm must be 'dask', 'nccl'"):
+        dask_api.GPULogisticRegression(device="cpu", comm="mpi", client=client).fit(
+            dX, dy)
+
+
 def test_parameters_mirror_the_single_process_estimators():
     for name in ("GPULogisticRegression", "GPUFactorizationMachine",
                  "GPUFactorizationMachineRegressor"):

@@ -133,10 +133,10 @@ class NcclComm:
 
 def make_comm(comm):
     """The ``comm`` parameter: ``"dask"``, ``"nccl"``, or a communicator."""
-    if comm == "dask":
+    if isinstance(comm, str) and comm == "dask":
         return DaskComm()
-    if comm == "nccl":
+    if isinstance(comm, str) and comm == "nccl":
         return NcclComm()
-    if hasattr(comm, "reduce_local") and hasattr(comm, "combine"):
+    if all(hasattr(comm, m) for m in ("setup", "reduce_local", "combine", "close")):
         return comm
     raise ValueError(f"comm must be 'dask', 'nccl' or a communicator object, got {comm!r}")

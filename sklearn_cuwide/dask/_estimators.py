@@ -128,11 +128,17 @@ class _DaskWide(BaseEstimator):
         comm = make_comm(self.comm)
         shards, workers, n_features = distribute(
             client, X, y, sample_weight, device=self.device, y_numeric=self._regressor)
+        summaries = client.gather(on_workers(client, _shard.summary, shards, workers,
+                                                  not self._regressor))
+        on_cpu = [w for w, s in zip(workers, summaries) if s["device"] == "cpu"]
+        if getattr(comm, "name", None) == "nccl" and on_cpu:
+            raise ValueError(
+                f"comm='nccl' needs every worker on a GPU, but {len(on_cpu)} of "
+                f"{len(workers)} fit on the CPU (e.g. {on_cpu[0]}). Use comm='dask', "
+                "or GPU workers (dask_cuda.LocalCUDACluster, `dask cuda worker`).")
+        progress.stage("input checks and partitions")
         try:
             comm.setup(client, workers)
-            summaries = client.gather(on_workers(client, _shard.summary, shards, workers,
-                                                      not self._regressor))
-            progress.stage("input checks and partitions")
             fitted = self._fit_partitions(client, comm, local, shards, workers,
                                           summaries, n_features, progress)
         finally:
