@@ -2,9 +2,11 @@
 memory for the whole fit, and the steps of the fit over it.
 
 A :class:`Shard` is made once per worker from that worker's chunks
-(:func:`make_shard`: checked, concatenated, on the worker's device for
-L-BFGS or as its tile layout for the mini-batch solvers), held by a Dask
-future, and every later task of the fit reads it without changing it.
+(:func:`check_chunk`, :func:`make_shard`: checked and concatenated), held by
+a Dask future; each stage of the fit derives a new one from it
+(:func:`with_targets`; :func:`with_objective`, the partition on the worker's
+device for L-BFGS; :func:`with_layout`, its tile layout for the mini-batch
+solvers), and every task reads a shard without changing it.
 The functions here take plain arrays and parameters, never an estimator.
 """
 
