@@ -161,12 +161,10 @@ def _single_process_setup(local, X, y, sw):
             captured["layout"] = _cpu.build_layout(X, **kw)
             return captured["layout"]
 
-        def put_state(self, state):
+        def run_epoch(self, layout, yl, swl, bw, state, params, order, **kw):
+            # the starting state as the first epoch gets it (layout order)
             captured["states"].append(ModelState(**{a: np.array(v) for a, v
                                                     in state.arrays().items()}))
-            return state
-
-        def run_epoch(self, layout, yl, swl, bw, state, params, order, **kw):
             captured["params"] = params
             t = np.empty_like(yl)
             t[layout.row_order] = yl  # back to the user's row order
@@ -189,7 +187,7 @@ def _single_process_setup(local, X, y, sw):
         swc = est._weights(classes, yc, swc)
         est._fit_heads(Xc, est._targets(y_idx, classes), swc, probe, None,
                        stratify=y_idx, partial=False)
-    # the states were put in the layout's feature order: back to the user's
+    # the states are in the layout's feature order: back to the user's
     rank = captured["layout"].feature_rank
     return (captured["params"], [s.permute_features(rank) for s in captured["states"]],
             captured["targets"])
