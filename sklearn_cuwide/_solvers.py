@@ -20,7 +20,7 @@ from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
 from ._state import FitProgress
 
-__all__ = ["fit_minibatch", "fit_lbfgs_linear", "batch_weights"]
+__all__ = ["fit_minibatch", "fit_lbfgs_linear", "fit_lbfgs_summed", "batch_weights"]
 
 #: what to do about a fit that diverged or could not progress, said by every
 #: error and warning about it
@@ -333,3 +333,88 @@ def _diverged(what, params):
         f"The fit diverged: {what} (solver={params.solver!r}, learning_rate="
         f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}."
     )
+
+
+def fit_lbfgs_summed(
+    data_fun_grad,
+    *,
+    n_features,
+    n_outputs,
+    total_weight,
+    C,
+    fit_intercept,
+    max_iter,
+    tol,
+    n_samples,
+    progress=None,
+):
+    """:func:`fit_lbfgs_linear` for a data term computed elsewhere.
+
+    The data-parallel fit (:mod:`sklearn_cuwide.dask`) evaluates
+    ``sum_k sum_{i in k} (s_i / S) loss_i`` and its gradient on its
+    partitions; this function adds the penalty ``||W||^2 / (2 C S)`` and runs
+    the same L-BFGS driver (:func:`~._lbfgs.minimize_lbfgs`, numpy) with the
+    same convergence rules, warnings and errors as :func:`fit_lbfgs_linear`.
+
+    Parameters
+    ----------
+    data_fun_grad : callable ``x -> (f, g)``
+        ``x`` (numpy float64) holds ``W`` (n_features, n_outputs) row-major,
+        then the intercepts when ``fit_intercept``; ``f`` and ``g`` are the
+        data term (no penalty), numpy.
+    total_weight : float
+        ``S``, the sum of the sample weights (times the class weights).
+    n_samples : int
+        Rows per objective evaluation (the ``verbose`` rate).
+
+    Returns
+    -------
+    coef : ndarray (n_outputs, n_features), intercept : ndarray (n_outputs,),
+    n_iter : int, loss_curve : list of float
+    """
+    progress = FitProgress(0) if progress is None else progress
+    d, D = int(n_features), int(n_outputs)
+    lam = 0.0 if not math.isfinite(C) else 1.0 / (C * float(total_weight))
+
+    def fun_grad(x):
+        f, g = data_fun_grad(x)
+        W = x[: d * D]
+        g = np.array(g, dtype=np.float64)
+        g[: d * D] += lam * W
+        return float(f) + 0.5 * lam * float(np.dot(W, W)), g
+
+    evaluations = [0]
+    curve = []
+
+    def counted(x):
+        evaluations[0] += 1
+        return fun_grad(x)
+
+    def cb(it, f):
+        curve.append(f)
+        progress.step(f"Iteration {it}", f"loss {f:.6f}", evaluations[0] * n_samples)
+        evaluations[0] = 0
+
+    n_par = d * D + (D if fit_intercept else 0)
+    progress.stage("objective")
+    x, _, n_iter, converged = minimize_lbfgs(
+        counted, np.zeros(n_par), np, max_iter=max_iter, gtol=tol, callback=cb,
+    )
+    if not np.isfinite(x).all():
+        raise ValueError(
+            f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
+            f"{_SCALE_HINT}."
+        )
+    if not converged:
+        if n_iter >= max_iter:
+            why = (f"(max_iter={max_iter}). Increase max_iter, or {_SCALE_HINT}.")
+        else:
+            why = ("(the line search found no step that lowers the objective, "
+                   f"whose largest gradient entry is still above tol={tol:g}). This "
+                   f"happens when X holds very large values: {_SCALE_HINT}, or "
+                   "increase tol.")
+        warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
+                      ConvergenceWarning, stacklevel=2)
+    coef = x[: d * D].reshape(d, D).T.copy()
+    intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
+    return coef, intercept, n_iter, curve
