@@ -24,12 +24,54 @@ import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
 
-from ... import _layout
+from ... import _layout, _memory
+from ..._config import get_config
 from . import _upload
-from ._runtime import free_memory
+from ._runtime import device_memory
 
 #: a fresh token for each penalty-scale array a layout computes
 _TOKENS = itertools.count(1)
+
+
+def _budget(memory_budget):
+    """Device bytes a layout may plan to take: ``memory_budget``, or the
+    budget of ``device_memory_limit`` (:func:`sklearn_cuwide.set_config`)."""
+    if memory_budget is not None:
+        return int(memory_budget)
+    return _memory.device_budget(get_config()["device_memory_limit"], *device_memory())[0]
+
+
+def _layout_numbers(X, kw):
+    """``(nnz, n_rows, batch_size, sample_block, max_row_nnz)`` of the
+    layout of ``X`` with the keywords of
+    :func:`sklearn_cuwide._layout.build_layout`."""
+    n_rows = int(X.shape[0])
+    bs = int(kw["batch_size"])
+    sb = kw.get("sample_block") or bs
+    ptr = X.indptr
+    longest = int((ptr[1:] - ptr[:-1]).max()) if n_rows else 0
+    return int(X.nnz), n_rows, bs, sb, longest
+
+
+def build_on_device(X, memory_budget=None, **kw):
+    """Whether the layout of ``X`` is built on the GPU: the active fit's
+    memory plan says so (:func:`sklearn_cuwide._memory.active_plan`);
+    without one (direct callers), whether the layout, one chunk's sort and
+    its staged input fit ``memory_budget`` (default: the budget of
+    ``device_memory_limit``)."""
+    plan = _memory.active_plan()
+    if memory_budget is None and plan is not None and plan.layout is not None:
+        return plan.layout == "device"
+    nnz, n_rows, bs, sb, longest = _layout_numbers(X, kw)
+    chunk = kw.get("chunk_nnz") or _memory.DEVICE_CHUNK_NNZ
+    c_nnz, c_rows, _ = _memory.chunk_bounds(nnz, n_rows, bs, longest, chunk)
+    dtype = np.dtype(kw.get("dtype", np.float32))
+    need = (_memory.layout_bytes(nnz, n_rows, bs, sb, dtype.itemsize)
+            + _memory.tiling_bytes(c_nnz, device=True)
+            + 2 * _memory.csr_bytes(c_nnz, c_rows, X.indices.dtype.itemsize,
+                                    X.dtype.itemsize)
+            + 8 * int(X.shape[1]))
+    return need <= _budget(memory_budget)
 
 
 def build_layout(X, memory_budget=None, **kw):
@@ -38,19 +80,17 @@ def build_layout(X, memory_budget=None, **kw):
     ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.  A
     host matrix's chunks are uploaded overlapped with the sorts
     (:func:`._upload.build_from_host`); a cupyx matrix is tiled where it is.
-    When the layout would not fit ``memory_budget`` (default: 80% of the
-    free device memory), it is built on the host instead and streamed in
-    every epoch.
+    When the fit's memory plan says the GPU build does not fit (without a
+    plan: when the layout and the build's temporaries exceed
+    ``memory_budget``, default the budget of ``device_memory_limit``:
+    :func:`build_on_device`), the layout is built on the host instead, then
+    copied in or streamed every epoch (:class:`DeviceLayout`).
     """
-    nnz = int(X.nnz)
-    need = nnz * 10 + (64 << 20)
-    if memory_budget is None:
-        memory_budget = int(0.8 * free_memory())
-    if need > memory_budget:
+    if not build_on_device(X, memory_budget, **kw):
         if cpsp.issparse(X):  # streamed from the host every epoch anyway
             X = X.get()
         return _layout.build_layout(X, xp=np, **kw)
-    kw.setdefault("chunk_nnz", 1 << 23)
+    kw.setdefault("chunk_nnz", _memory.DEVICE_CHUNK_NNZ)
     if cpsp.issparse(X):  # on the device already: nothing to upload
         return _layout.build_layout(X, xp=cp, **kw)
     return _upload.build_from_host(X, cp, **kw)
@@ -63,7 +103,9 @@ class DeviceLayout:
     ----------
     layout : TileLayout (host)
     memory_budget : int or None
-        Device bytes the nonzeros may take; ``None``: 80% of what is free.
+        Device bytes the nonzeros may take to stay resident; ``None``: as the
+        fit's memory plan says (resident unless "streamed"), or without a
+        plan the budget of ``device_memory_limit``.
     chunk_bytes : int
         Bytes of nonzeros per streamed chunk.
     """
@@ -92,9 +134,11 @@ class DeviceLayout:
             self.max_chunk = layout.nnz
             return
         nnz_bytes = layout.nnz * self.bytes_per_nnz
-        if memory_budget is None:
-            memory_budget = int(0.8 * free_memory())
-        self.resident = nnz_bytes <= memory_budget
+        plan = _memory.active_plan()
+        if memory_budget is None and plan is not None and plan.layout is not None:
+            self.resident = plan.layout_resident
+        else:
+            self.resident = nnz_bytes <= _budget(memory_budget)
         # chunks: contiguous runs of mini-batches of about chunk_bytes
         bstart = layout.tile_ptr[2 * layout.batch_sblock_ptr]  # nnz start per batch
         per_chunk = max(1, int(chunk_bytes // self.bytes_per_nnz))
@@ -185,12 +229,16 @@ class DeviceLayout:
         if self._uploader is None:  # pinned (and, streaming, device) buffers
             specs = [(self.max_chunk, a.dtype) for a in (h.feat, h.row, h.val)]
             self._uploader = _upload.PinnedUploader(cp, specs, device_buffers=resident is None)
-        for k, arrays, base in _upload.stream_chunks(
+        chunks = _upload.stream_chunks(
             self._uploader, (h.feat, h.row, h.val), self.chunk_nnz, order_chunks,
             compute_stream, resident=resident,
-        ):
-            yield k, arrays, base
-            self._copied.add(k)
+        )
+        try:
+            for k, arrays, base in chunks:
+                yield k, arrays, base
+                self._copied.add(k)
+        finally:  # interrupted: the uploader's copies end before its buffers can go
+            chunks.close()
         if self.resident and len(self._copied) == len(self.chunks):
             self.uploaded = True
             self._uploader.close()
