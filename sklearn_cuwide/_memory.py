@@ -134,7 +134,7 @@ def chunk_bounds(nnz, n_rows, batch_size, max_row_nnz, chunk_nnz):
     return c_nnz, c_rows, n_chunks
 
 
-def tiling_bytes(chunk_nnz, device=False):
+def tiling_bytes(chunk_nnz, device=False, chunk_sblocks=0):
     """Temporaries of ``LayoutTiler.sort`` and ``store`` for one chunk of
     ``chunk_nnz`` (canonical) nonzeros, beyond its input and the layout.
 
@@ -147,10 +147,11 @@ def tiling_bytes(chunk_nnz, device=False):
     argsort copies the key and thrust's radix sort double-buffers keys and
     indices (3 x 8 more while the four arrays before live: 64).  ``store``
     (canonical input: nothing to merge) holds less: the sorted arrays and
-    the tile ids (46).
+    the tile ids (46), and the counts of the chunk's tiles (two int64 per
+    sample block of the chunk, ``chunk_sblocks``, and their sum).
     """
     per = 64 if device else 57
-    return int(chunk_nnz) * per
+    return int(chunk_nnz) * per + 16 * int(chunk_sblocks)
 
 
 def layout_plan_bytes(n_rows, n_features, n_batches, n_sblocks):
@@ -321,7 +322,7 @@ def _minibatch_parts(s, where, layout):
                 **base, "the training layout": lay,
                 "one chunk's rows, gathered": csr_bytes(c_nnz, c_rows, s.index_itemsize,
                                                         s.value_itemsize),
-                "one chunk's sort": tiling_bytes(c_nnz),
+                "one chunk's sort": tiling_bytes(c_nnz, chunk_sblocks=n_sblocks),
             }
         train = dict(base)
         if layout != "device":
@@ -354,7 +355,7 @@ def _minibatch_parts(s, where, layout):
             "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
             "chunks of X being sorted": (0 if s.on_device else staged) * csr_bytes(
                 c_nnz, c_rows, s.index_itemsize, s.value_itemsize),
-            "one chunk's sort": tiling_bytes(c_nnz, device=True),
+            "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     train = dict(base)
     if layout == "streamed":
