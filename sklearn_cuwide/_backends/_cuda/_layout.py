@@ -106,11 +106,14 @@ class DeviceLayout:
         Device bytes the nonzeros may take to stay resident; ``None``: as the
         fit's memory plan says (resident unless "streamed"), or without a
         plan the budget of ``device_memory_limit``.
-    chunk_bytes : int
-        Bytes of nonzeros per streamed chunk.
+    chunk_bytes : int or None
+        Bytes of nonzeros per streamed chunk; ``None``:
+        :data:`sklearn_cuwide._memory.STREAM_CHUNK_BYTES` (what the plan counts).
     """
 
-    def __init__(self, layout, memory_budget=None, chunk_bytes=64 << 20):
+    def __init__(self, layout, memory_budget=None, chunk_bytes=None):
+        if chunk_bytes is None:
+            chunk_bytes = _memory.STREAM_CHUNK_BYTES
         self.host = layout
         self.n_hot = layout.n_hot
         self.sample_block = layout.sample_block
@@ -245,5 +248,5 @@ class DeviceLayout:
             self._uploader = None
 
 
-def put_layout(layout, memory_budget=None, chunk_bytes=64 << 20):
+def put_layout(layout, memory_budget=None, chunk_bytes=None):
     return DeviceLayout(layout, memory_budget=memory_budget, chunk_bytes=chunk_bytes)
