@@ -19,8 +19,14 @@ __all__ = ["set_config", "get_config", "config_context"]
 _DEFAULTS = {"device_memory_limit": None}
 _LOCAL = threading.local()
 
-#: "not given": ``None`` is a value of ``device_memory_limit`` (the default)
-_UNCHANGED = object()
+class _Unchanged:
+    """"Not given": ``None`` is a value of ``device_memory_limit`` (the default)."""
+
+    def __repr__(self):
+        return "<unchanged>"
+
+
+_UNCHANGED = _Unchanged()
 
 
 def _local():

