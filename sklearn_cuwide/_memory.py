@@ -148,10 +148,11 @@ def tiling_bytes(chunk_nnz, device=False, chunk_sblocks=0):
     indices (3 x 8 more while the four arrays before live: 64).  ``store``
     (canonical input: nothing to merge) holds less: the sorted arrays and
     the tile ids (46), and the counts of the chunk's tiles (two int64 per
-    sample block of the chunk, ``chunk_sblocks``, and their sum).
+    sample block of the chunk, ``chunk_sblocks``, and their sum), plus 4 KiB
+    for the arrays' headers (1 KiB measured).
     """
     per = 64 if device else 57
-    return int(chunk_nnz) * per + 16 * int(chunk_sblocks)
+    return int(chunk_nnz) * per + 16 * int(chunk_sblocks) + 4096
 
 
 def layout_plan_bytes(n_rows, n_features, n_batches, n_sblocks):
