@@ -182,12 +182,14 @@ def _check_predict_data(est, X, backend):
 def _csr_numbers(X):
     """``(nnz, largest row's nonzeros, index itemsize, value itemsize)`` of
     validated input (sparse, scipy or cupyx, or dense)."""
-    if _device.is_cupy_array(X) or hasattr(X, "indptr"):
+    fmt = getattr(X, "format", None)
+    if fmt == "csr":  # scipy, or cupyx (validated on the device: always CSR)
         ptr = X.indptr
         longest = int((ptr[1:] - ptr[:-1]).max()) if X.shape[0] else 0
         return int(X.nnz), longest, X.indices.dtype.itemsize, X.dtype.itemsize
-    if hasattr(X, "tocsr"):  # CSC or COO: counted per row
-        per_row = X.getnnz(axis=1)
+    if fmt is not None:  # scipy CSC or COO (matrix or array): counted per row
+        rows = X.indices if fmt == "csc" else X.tocoo().row
+        per_row = np.bincount(np.asarray(rows, dtype=np.intp), minlength=X.shape[0])
         longest = int(per_row.max()) if X.shape[0] else 0
         return int(X.nnz), longest, 8 if X.nnz > 2**31 - 1 else 4, X.dtype.itemsize
     X = np.asarray(X)

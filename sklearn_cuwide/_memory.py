@@ -613,8 +613,8 @@ def _fit_suggestions(s, backend, available, needs):
     if s.batch_size > 256 and _fits(replace(s, batch_size=256), backend, available):
         out.append("batch_size=256")
     if "device" in needs:
-        device_need = min(_peak(fit_needs(s, backend, lay)["device"])[0]
-                          for lay in (("streamed",) if s.solver != "lbfgs" else (None,)))
+        layouts = ("device", "uploaded", "streamed") if s.solver != "lbfgs" else (None,)
+        device_need = min(_peak(fit_needs(s, backend, lay)["device"])[0] for lay in layouts)
         out.append(
             f"a device_memory_limit (sklearn_cuwide.config_context) of at least "
             f"{format_bytes(device_need)}, on a GPU with that much free")
@@ -635,16 +635,17 @@ def plan_predict(shape, backend, available, how):
     if _within(needs, available):
         return MemoryPlan("prediction", backend, None, needs, dict(available), dict(how),
                           True)
-    rows = shape.n_rows
-    while rows > 1:
+    rows, found = shape.n_rows, False
+    while rows > 1 and not found:
         rows //= 2
         part = replace(shape, n_rows=rows,
                        nnz=int(math.ceil(shape.nnz * rows / max(shape.n_rows, 1))))
-        if _within(predict_needs(part, backend), available):
-            break
+        found = _within(predict_needs(part, backend), available)
     hint = (f"predicting at most {rows} rows per call (e.g. in a loop over "
-            f"X[i:i + {rows}])" if rows >= 1 and rows < shape.n_rows else
-            "a machine with more memory")
+            f"X[i:i + {rows}])" if found else
+            "a larger device_memory_limit, or the prediction on the CPU "
+            "(set_params(device='cpu')): the model alone exceeds the GPU's budget"
+            if backend == "cuda" else "a machine with more memory")
     return MemoryPlan("prediction", backend, None, needs, dict(available), dict(how),
                       False, (hint,))
 
