@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
-    "plan_predict", "layout_blocks", "layout_bytes", "layout_index_bytes", "csr_bytes",
+    "plan_predict", "fit_needs", "predict_needs", "layout_blocks", "layout_bytes", "layout_index_bytes", "csr_bytes",
     "state_bytes", "chunk_bounds", "tiling_bytes", "layout_plan_bytes", "lbfgs_bytes",
     "host_available_bytes", "device_budget", "plan_scope", "set_plan", "active_plan",
     "out_of_memory_error", "release_frames", "format_bytes",
@@ -350,12 +350,16 @@ def _minibatch_parts(s, where, layout):
     if layout == "device":
         c_nnz, c_rows, n_chunks = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
                                                DEVICE_CHUNK_NNZ)
+        # host input: the chunk uploaded (two staged at once when they
+        # overlap the sorts); device input: the chunk's rows gathered in the
+        # layout's row order, with the gather's int64 positions
         staged = 1 if (s.on_device or n_chunks < 2) else 2
+        chunk = csr_bytes(c_nnz, c_rows, s.index_itemsize, s.value_itemsize)
         phases["layout build"] = {
             **base, "the training layout": lay,
             "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
-            "chunks of X being sorted": (0 if s.on_device else staged) * csr_bytes(
-                c_nnz, c_rows, s.index_itemsize, s.value_itemsize),
+            "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if s.on_device
+                                                          else 0),
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     train = dict(base)
