@@ -7,8 +7,10 @@ through CuPy when one is usable and on the CPU (numpy/scipy) otherwise.
 Importing the package never imports cupy.
 """
 
+from ._config import config_context, get_config, set_config
 from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
 from ._logistic import GPULogisticRegression
+from ._memory import InsufficientMemoryError
 
 __version__ = "0.1.0"
 
@@ -16,5 +18,9 @@ __all__ = [
     "GPULogisticRegression",
     "GPUFactorizationMachine",
     "GPUFactorizationMachineRegressor",
+    "InsufficientMemoryError",
+    "config_context",
+    "get_config",
+    "set_config",
     "__version__",
 ]

@@ -8,12 +8,13 @@ targets and hand arrays to the mini-batch driver
 """
 
 import inspect
-from contextlib import contextmanager
+import threading
+from contextlib import ExitStack, contextmanager
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import expit, log_expit
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, is_classifier
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import (
@@ -22,10 +23,12 @@ from sklearn.utils.multiclass import (
 )
 from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fitted, validate_data
 
-from . import _device
+from . import _device, _memory
 from ._backends import get_backend
+from ._config import get_config
 from ._minibatch import COMPUTE_DTYPE, Schedule
 from ._sparse import canonical_csr
+from ._state import StepParams
 from ._validation import check_sparse_structure
 
 __all__ = []
@@ -145,6 +148,7 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         raise ValueError(
             "The sum of sample_weight must be positive; got all-zero weights."
         )
+    _plan_fit(est, X, y, backend, reset)
     return X, y, sw
 
 
@@ -173,12 +177,124 @@ def _check_predict_data(est, X, backend):
 
 
 # --------------------------------------------------------------------------
+# memory
+# --------------------------------------------------------------------------
+def _csr_numbers(X):
+    """``(nnz, largest row's nonzeros, index itemsize, value itemsize)`` of
+    validated input (sparse, scipy or cupyx, or dense)."""
+    fmt = getattr(X, "format", None)
+    if fmt == "csr":  # scipy, or cupyx (validated on the device: always CSR)
+        ptr = X.indptr
+        longest = int((ptr[1:] - ptr[:-1]).max()) if X.shape[0] else 0
+        return int(X.nnz), longest, X.indices.dtype.itemsize, X.dtype.itemsize
+    if fmt is not None:  # scipy CSC or COO (matrix or array): counted per row
+        rows = X.indices if fmt == "csc" else X.tocoo().row
+        per_row = np.bincount(np.asarray(rows, dtype=np.intp), minlength=X.shape[0])
+        longest = int(per_row.max()) if X.shape[0] else 0
+        return int(X.nnz), longest, 8 if X.nnz > 2**31 - 1 else 4, X.dtype.itemsize
+    X = np.asarray(X)
+    per_row = np.count_nonzero(X, axis=1)
+    return (int(per_row.sum()), int(per_row.max()) if X.shape[0] else 0, 4,
+            X.dtype.itemsize)
+
+
+def _available(backend):
+    """``(available, how)`` for :mod:`._memory`: the host's available memory,
+    and the backend's device budget under ``device_memory_limit``."""
+    avail = {"host": _memory.host_available_bytes()}
+    how = {"host": "the host's available memory"}
+    free_total = backend.device_memory()
+    if free_total is not None:
+        avail["device"], how["device"] = _memory.device_budget(
+            get_config()["device_memory_limit"], *free_total)
+    return avail, how
+
+
+def _plan_fit(est, X, y, backend, reset):
+    """Plan the fit's memory (:func:`sklearn_cuwide._memory.plan_fit`) once
+    the input is checked, before anything big is allocated: raise
+    :class:`~sklearn_cuwide._memory.InsufficientMemoryError` when it cannot
+    fit, else record the plan for the backend (where the layout goes).
+
+    ``partial_fit`` counts the early-stopping copies when ``early_stopping``
+    is set although it ignores it: its plan errs on the safe side."""
+    n_factors = int(getattr(est, "n_factors", 0) or 0)
+    if is_classifier(est):
+        classes = getattr(est, "classes_", None)
+        n_classes = classes.size if (classes is not None and not reset) else np.unique(y).size
+        n_classes = max(int(n_classes), 2)
+    else:
+        n_classes = 2
+    fm = hasattr(est, "n_factors")
+    n_outputs = 1 if (fm or n_classes == 2) else n_classes
+    n_heads = 1 if (not fm or n_classes == 2) else n_classes
+    solver = est.solver
+    sample_block = est.batch_size
+    if solver != "lbfgs":
+        loss = ("squared" if not is_classifier(est) else
+                "logistic" if n_outputs == 1 else "multinomial")
+        params = StepParams(model="fm" if fm else "linear", loss=loss, solver=solver)
+        sample_block, _ = backend.tile_shape(params, n_outputs, n_factors, est.batch_size)
+    nnz, longest, index_itemsize, value_itemsize = _csr_numbers(X)
+    shape = _memory.FitShape(
+        n_rows=int(X.shape[0]), n_features=int(X.shape[1]), nnz=nnz, max_row_nnz=longest,
+        index_itemsize=index_itemsize, value_itemsize=value_itemsize,
+        n_outputs=n_outputs, n_heads=n_heads, n_factors=n_factors, solver=solver,
+        batch_size=int(est.batch_size), sample_block=int(sample_block),
+        penalty_scaled=bool(getattr(est, "scale_penalty", not fm)),
+        validation_fraction=(est.validation_fraction
+                             if est.early_stopping and solver != "lbfgs" else None),
+        fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
+    )
+    plan = _memory.plan_fit(shape, backend.name, *_available(backend))
+    plan.check()
+    _memory.set_plan(plan)
+    return plan
+
+
+def _plan_predict(X, heads, backend, heads_on_device):
+    """Plan a prediction's memory; raise when it cannot fit."""
+    nnz, _, index_itemsize, value_itemsize = _csr_numbers(X)
+    w, _, V = heads[0]
+    shape = _memory.PredictShape(
+        n_rows=int(X.shape[0]), n_features=int(X.shape[1]), nnz=nnz,
+        index_itemsize=index_itemsize, value_itemsize=value_itemsize,
+        n_outputs=int(np.shape(w)[1]), n_heads=len(heads),
+        n_factors=0 if V is None else int(np.shape(V)[1]),
+        on_device=bool(backend.holds(X)), heads_on_device=heads_on_device,
+    )
+    plan = _memory.plan_predict(shape, backend.name, *_available(backend))
+    plan.check()
+    _memory.set_plan(plan)
+    return plan
+
+
+# --------------------------------------------------------------------------
 # device
 # --------------------------------------------------------------------------
+#: the calling thread's current fit (:func:`restore_on_failure`): what the
+#: fit's device and memory scopes are entered on
+_FIT = threading.local()
+
+
 def _fit_device(device, X):
-    """Resolve the ``device`` parameter; return ``(device_, backend)``."""
+    """Resolve the ``device`` parameter; return ``(device_, backend)``.
+
+    Inside a fit (:func:`restore_on_failure`), the rest of the fit runs in
+    the backend's :meth:`~sklearn_cuwide._backends.Backend.device_scope`:
+    on that device for the calling thread only, and a ``MemoryError`` turned
+    into :class:`~sklearn_cuwide._memory.InsufficientMemoryError` after the
+    fit's memory is released.  Outside one (the benchmarks' hook), a GPU
+    becomes the calling thread's current device (``use_device``).
+    """
     device_ = _device.resolve_device(device, X)
-    return device_, get_backend(device_)
+    backend = get_backend(device_)
+    stack = getattr(_FIT, "stack", None)
+    if stack is not None:
+        stack.enter_context(backend.device_scope(device_))
+    elif getattr(backend, "use_device", None) is not None:
+        backend.use_device(device_)
+    return device_, backend
 
 
 def _predict_backend(device_):
@@ -251,7 +367,9 @@ def _heads_to_device(backend, heads):
 @contextmanager
 def restore_on_failure(est):
     """Leave ``est`` exactly as it was if the body raises, a
-    ``KeyboardInterrupt`` included.
+    ``KeyboardInterrupt`` included; the body is the fit's scope of memory
+    and device (:func:`_fit_device` enters the device's there, and the
+    memory plan made by the input checks lasts as long).
 
     A fit computes its fitted attributes into locals and sets them with
     :func:`commit` at its end; the input checks it shares with the other estimators
@@ -262,12 +380,19 @@ def restore_on_failure(est):
     unfitted when it was).
     """
     saved = dict(est.__dict__)
+    outer = getattr(_FIT, "stack", None)
     try:
-        yield
-    except BaseException:
-        est.__dict__.clear()
-        est.__dict__.update(saved)
-        raise
+        # the plan's scope outlives the device's, whose error names the plan
+        with _memory.plan_scope(), ExitStack() as stack:
+            _FIT.stack = stack
+            try:
+                yield
+            except BaseException:
+                est.__dict__.clear()
+                est.__dict__.update(saved)
+                raise
+    finally:
+        _FIT.stack = outer
 
 
 def commit(est, fitted):
@@ -416,12 +541,17 @@ class _CuWideEstimator(BaseEstimator):
     def _decision(self, X):
         """Decision values (n_samples, n_outputs) of the user's ``X``: checks
         that the model is fitted, validates ``X`` where the prediction runs
-        (:meth:`_prediction_backend`) and computes them there."""
+        (:meth:`_prediction_backend`, in its device scope), plans the memory
+        and computes them there."""
         check_is_fitted(self)
         backend = self._prediction_backend()
-        X = _check_predict_data(self, X, backend)
-        return _decision_values(backend, X, self._heads(),
-                                device_heads=self._valid_gpu_cache(backend))
+        device = getattr(self, "device_", "cpu") if backend.name != "cpu" else "cpu"
+        with _memory.plan_scope(), backend.device_scope(device):
+            X = _check_predict_data(self, X, backend)
+            heads = self._heads()
+            device_heads = self._valid_gpu_cache(backend)
+            _plan_predict(X, heads, backend, device_heads is not None)
+            return _decision_values(backend, X, heads, device_heads=device_heads)
 
     def __getstate__(self):
         state = super().__getstate__()

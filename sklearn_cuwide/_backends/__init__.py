@@ -47,6 +47,19 @@ class Backend(Protocol):
     def synchronize(self):
         """Wait for the backend's queued work."""
 
+    def device_memory(self):
+        """``(free, total)`` bytes of the current device (free counting the
+        memory pool's unused blocks, within the pool's limit), or None for
+        the CPU, whose host memory the planner checks for every backend."""
+
+    def device_scope(self, device):
+        """A context manager: the scope of one fit or prediction on
+        ``device`` (``"cpu"`` or ``"cuda:N"``).  The device is the calling
+        thread's current one inside it (and the previous one again after),
+        and a ``MemoryError`` raised inside (cupy's out-of-memory error)
+        leaves as :class:`~sklearn_cuwide._memory.InsufficientMemoryError`,
+        chained, once the memory of the work's finished frames is freed."""
+
     def put_csr(self, X, dtype=None):
         """A sparse or dense matrix as the backend's canonical CSR."""
 
@@ -100,8 +113,8 @@ def get_backend(device):
 
         return _cpu
     if device.startswith("cuda"):
+        # the device is chosen per fit and thread by ``device_scope``, not here
         from . import _cuda
 
-        _cuda.use_device(int(device.split(":")[1]) if ":" in device else 0)
         return _cuda
     raise ValueError(f"unknown device {device!r}")

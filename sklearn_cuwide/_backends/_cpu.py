@@ -17,9 +17,12 @@ each with its share of the mini-batch gradient (normalised by the
 mini-batch's total weight); this is also what the CUDA kernels do.
 """
 
+from contextlib import contextmanager
+
 import numpy as np
 import scipy.sparse as sp
 
+from .. import _memory
 from .._layout import penalty_scale
 from .._loss import pointwise_loss
 from .._sparse import canonical_csr
@@ -49,6 +52,27 @@ def concurrent_blocks(concurrency, params, n_batches):
 # --------------------------------------------------------------------------
 # placement (the host is the CPU's device: no-ops)
 # --------------------------------------------------------------------------
+def device_memory():
+    """No device: the host's memory, which the planner checks for every
+    fit, is the CPU backend's (:mod:`sklearn_cuwide._memory`)."""
+    return None
+
+
+@contextmanager
+def device_scope(device="cpu"):
+    """The scope of one fit or prediction on the host: a ``MemoryError``
+    (numpy's, when other processes took the memory the plan counted on)
+    becomes :class:`~sklearn_cuwide._memory.InsufficientMemoryError`, after
+    the arrays of the work's finished frames are dropped."""
+    try:
+        yield
+    except MemoryError as exc:
+        if isinstance(exc, _memory.InsufficientMemoryError):
+            raise
+        _memory.release_frames(exc)
+        raise _memory.out_of_memory_error(exc, "host") from exc
+
+
 def holds(X):
     """Nothing lives on a device of the CPU backend: input is validated on
     the host as scikit-learn does."""

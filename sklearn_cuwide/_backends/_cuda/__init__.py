@@ -4,7 +4,8 @@ The only package of sklearn-cuwide that imports cupy.  It has the functions
 of the backend interface (:class:`sklearn_cuwide._backends.Backend`); its
 modules mirror ``cuda/``:
 
-* :mod:`._runtime` -- the device, its properties, moving arrays to and from it;
+* :mod:`._runtime` -- the device (per fit and thread: ``device_scope``), its
+  properties and memory, moving arrays to and from it;
 * :mod:`._layout` -- the training layout on the device (built there, or a
   host layout streamed in);
 * :mod:`._train` -- ``cuwide_train.cu`` and its launcher, :func:`run_epoch`;
@@ -24,6 +25,8 @@ from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._predict import decision_function
 from ._runtime import (
     concurrent_blocks,
+    device_memory,
+    device_scope,
     holds,
     free_memory,
     get_state,
@@ -42,7 +45,8 @@ name = "cuda"
 xp = cp
 
 __all__ = [
-    "name", "xp", "use_device", "holds", "tile_shape", "concurrent_blocks", "free_memory",
+    "name", "xp", "use_device", "device_scope", "device_memory", "holds", "tile_shape",
+    "concurrent_blocks", "free_memory",
     "to_device", "to_host", "synchronize", "put_csr", "put_state", "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",

@@ -24,20 +24,33 @@ import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
 
-from ... import _layout
+from ... import _layout, _memory
+from ..._config import get_config
 from . import _upload
-from ._runtime import free_memory
+from ._runtime import device_memory
 
 #: a fresh token for each penalty-scale array a layout computes
 _TOKENS = itertools.count(1)
+
+
+def _budget(memory_budget):
+    """Device bytes a layout may plan to take: ``memory_budget``, or the
+    budget of ``device_memory_limit`` (:func:`sklearn_cuwide.set_config`)."""
+    if memory_budget is not None:
+        return int(memory_budget)
+    return _memory.device_budget(get_config()["device_memory_limit"], *device_memory())[0]
 
 
 def build_layout(X, memory_budget=None, **kw):
     """Build the training layout on the GPU (cupy sorts, chunk by chunk).
 
     ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.
-    Where it is built is :func:`._upload.build_site`'s choice for
-    ``memory_budget`` (default: 80% of the free device memory):
+    Inside a fit, the memory plan says whether the layout is built on the
+    GPU (:func:`sklearn_cuwide._memory.active_plan`: "device") or on the
+    host, then copied in or streamed every epoch (:class:`DeviceLayout`).
+    On the GPU, :func:`._upload.build_site` chooses how, for the plan's
+    device budget (outside a fit: ``memory_budget``, default the budget of
+    ``device_memory_limit``):
 
     * ``"device"``: a host matrix's CSR is uploaded as it is and planned,
       shuffled and tiled on the device (:func:`._upload.build_on_device`);
@@ -48,16 +61,22 @@ def build_layout(X, memory_budget=None, **kw):
     """
     if X.format != "csr":
         X = X.tocsr()
-    if memory_budget is None:
-        memory_budget = int(0.8 * free_memory())
     on_device = bool(cpsp.issparse(X))
-    site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
-                              X.data.dtype.itemsize, memory_budget, on_device=on_device)
+    plan = _memory.active_plan()
+    planned = memory_budget is None and plan is not None and plan.layout is not None
+    if planned and plan.layout != "device":
+        site = "host"
+    else:
+        budget = plan.available["device"] if planned else _budget(memory_budget)
+        site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
+                                  X.data.dtype.itemsize, budget, on_device=on_device)
+        if planned and site == "host":  # the plan counted the chunked GPU build
+            site = "host_plan"
     if site == "host":
         if on_device:  # streamed from the host every epoch anyway
             X = X.get()
         return _layout.build_layout(X, xp=np, **kw)
-    kw.setdefault("chunk_nnz", 1 << 23)
+    kw.setdefault("chunk_nnz", _memory.DEVICE_CHUNK_NNZ)
     if on_device:  # on the device already: nothing to upload
         return _layout.build_layout(X, xp=cp, **kw)
     if site == "device":
@@ -72,12 +91,17 @@ class DeviceLayout:
     ----------
     layout : TileLayout (host)
     memory_budget : int or None
-        Device bytes the nonzeros may take; ``None``: 80% of what is free.
-    chunk_bytes : int
-        Bytes of nonzeros per streamed chunk.
+        Device bytes the nonzeros may take to stay resident; ``None``: as the
+        fit's memory plan says (resident unless "streamed"), or without a
+        plan the budget of ``device_memory_limit``.
+    chunk_bytes : int or None
+        Bytes of nonzeros per streamed chunk; ``None``:
+        :data:`sklearn_cuwide._memory.STREAM_CHUNK_BYTES` (what the plan counts).
     """
 
-    def __init__(self, layout, memory_budget=None, chunk_bytes=64 << 20):
+    def __init__(self, layout, memory_budget=None, chunk_bytes=None):
+        if chunk_bytes is None:
+            chunk_bytes = _memory.STREAM_CHUNK_BYTES
         self.host = layout
         self.n_hot = layout.n_hot
         self.sample_block = layout.sample_block
@@ -101,9 +125,11 @@ class DeviceLayout:
             self.max_chunk = layout.nnz
             return
         nnz_bytes = layout.nnz * self.bytes_per_nnz
-        if memory_budget is None:
-            memory_budget = int(0.8 * free_memory())
-        self.resident = nnz_bytes <= memory_budget
+        plan = _memory.active_plan()
+        if memory_budget is None and plan is not None and plan.layout is not None:
+            self.resident = plan.layout_resident
+        else:
+            self.resident = nnz_bytes <= _budget(memory_budget)
         # chunks: contiguous runs of mini-batches of about chunk_bytes
         bstart = layout.tile_ptr[2 * layout.batch_sblock_ptr]  # nnz start per batch
         per_chunk = max(1, int(chunk_bytes // self.bytes_per_nnz))
@@ -194,17 +220,21 @@ class DeviceLayout:
         if self._uploader is None:  # pinned (and, streaming, device) buffers
             specs = [(self.max_chunk, a.dtype) for a in (h.feat, h.row, h.val)]
             self._uploader = _upload.PinnedUploader(cp, specs, device_buffers=resident is None)
-        for k, arrays, base in _upload.stream_chunks(
+        chunks = _upload.stream_chunks(
             self._uploader, (h.feat, h.row, h.val), self.chunk_nnz, order_chunks,
             compute_stream, resident=resident,
-        ):
-            yield k, arrays, base
-            self._copied.add(k)
+        )
+        try:
+            for k, arrays, base in chunks:
+                yield k, arrays, base
+                self._copied.add(k)
+        finally:  # interrupted: the uploader's copies end before its buffers can go
+            chunks.close()
         if self.resident and len(self._copied) == len(self.chunks):
             self.uploaded = True
             self._uploader.close()
             self._uploader = None
 
 
-def put_layout(layout, memory_budget=None, chunk_bytes=64 << 20):
+def put_layout(layout, memory_budget=None, chunk_bytes=None):
     return DeviceLayout(layout, memory_budget=memory_budget, chunk_bytes=chunk_bytes)

@@ -1,12 +1,15 @@
-"""The CUDA backend's device: which GPU, its properties, and moving arrays,
-matrices and model states between the host and it."""
+"""The CUDA backend's device: which GPU (per fit and thread), its
+properties and memory, and moving arrays, matrices and model states between
+the host and it."""
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
 
+from ... import _memory
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
@@ -23,9 +26,70 @@ CTYPE = {
 }
 
 
-def use_device(i):
-    """Make GPU ``i`` cupy's current device (of the calling thread)."""
-    cp.cuda.Device(int(i)).use()
+def device_index(device):
+    """The GPU number of ``"cuda:N"`` (``"cuda"``: 0), or of an int."""
+    if isinstance(device, str):
+        return int(device.split(":")[1]) if ":" in device else 0
+    return int(device)
+
+
+def use_device(device):
+    """Make ``device`` (``"cuda:N"`` or N) the calling thread's current device,
+    until changed again.  The estimators use :func:`device_scope` instead;
+    this is for code outside a fit (the benchmarks' hook)."""
+    cp.cuda.Device(device_index(device)).use()
+
+
+#: cudaErrorMemoryAllocation
+_CUDA_ERROR_MEMORY_ALLOCATION = 2
+
+
+def _out_of_memory(exc):
+    """Where ``exc`` ran out of memory: "device" (cupy's out-of-memory error,
+    a CUDA allocation error, a CUDA library's ``*_STATUS_ALLOC_FAILED``),
+    "host" (another ``MemoryError``: numpy's, or pinned memory), or None."""
+    if isinstance(exc, _memory.InsufficientMemoryError):
+        return None
+    if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
+        return "device"
+    if isinstance(exc, cp.cuda.runtime.CUDARuntimeError):
+        return "device" if getattr(exc, "status", None) == _CUDA_ERROR_MEMORY_ALLOCATION else None
+    if isinstance(exc, MemoryError):
+        return "host"
+    if "STATUS_ALLOC_FAILED" in str(exc):  # cuSPARSE, cuBLAS
+        return "device"
+    return None
+
+
+def release_pools():
+    """Give the memory pools' unused blocks (device and pinned) back."""
+    cp.get_default_memory_pool().free_all_blocks()
+    cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+@contextmanager
+def device_scope(device):
+    """The scope of one fit or prediction on GPU ``device`` (``"cuda:N"``).
+
+    Inside, the GPU is the calling thread's current device (cupy's current
+    device is per thread; the previous one comes back after), so that fits on
+    different GPUs in different threads never see each other's.  Running out
+    of memory inside (see :func:`_out_of_memory`) leaves as
+    :class:`~sklearn_cuwide._memory.InsufficientMemoryError`, chained to
+    the original error, after the arrays of the work's finished frames are
+    dropped and the pools' unused blocks given back: the fit's device memory
+    is free again when the caller sees the error.
+    """
+    with cp.cuda.Device(device_index(device)):
+        try:
+            yield
+        except BaseException as exc:
+            where = _out_of_memory(exc)
+            if where is None:
+                raise
+            _memory.release_frames(exc)
+            release_pools()
+            raise _memory.out_of_memory_error(exc, where) from exc
 
 
 _PROPS = {}
@@ -80,9 +144,20 @@ def concurrent_blocks(concurrency, params, n_batches):
 
 def free_memory():
     """Bytes the device has free (cupy's pool included)."""
-    free, _ = cp.cuda.runtime.memGetInfo()
+    return device_memory()[0]
+
+
+def device_memory():
+    """``(free, total)`` bytes of the current device.  Free counts the
+    memory pool's unused blocks, and stays within the pool's limit when one
+    is set (``cupy.get_default_memory_pool().set_limit``)."""
+    free, total = cp.cuda.runtime.memGetInfo()
     pool = cp.get_default_memory_pool()
-    return int(free + pool.free_bytes())
+    free = int(free) + int(pool.free_bytes())
+    limit = int(pool.get_limit())
+    if limit:
+        free = min(free, max(0, limit - int(pool.used_bytes())))
+    return free, int(total)
 
 
 # --------------------------------------------------------------------------

@@ -33,7 +33,7 @@ cupy.  Why: the CPU tests drive it with a numpy stand-in whose copies are
 deferred until waited for, which checks the event ordering without a GPU.
 """
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -303,16 +303,47 @@ def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None)
 
     if not order:
         return
-    ready = upload(order[0], stage(order[0]))
-    for n, k in enumerate(order):
-        if n + 1 < len(order):  # the worker copies the next chunk to pinned memory
-            pending = stage(order[n + 1])
-        slot, arrays = ready
-        up.acquire(slot, compute_stream)
-        if resident is None:
-            yield k, arrays, bounds[k][0]
-        else:
-            yield k, tuple(resident), 0
-        up.release(slot, compute_stream)
-        if n + 1 < len(order):
-            ready = upload(order[n + 1], pending)
+    pending = None  # a fill on the worker thread not yet handed to upload()
+    done = False
+    try:
+        ready = upload(order[0], stage(order[0]))
+        for n, k in enumerate(order):
+            if n + 1 < len(order):  # the worker copies the next chunk to pinned memory
+                pending = stage(order[n + 1])
+            slot, arrays = ready
+            up.acquire(slot, compute_stream)
+            if resident is None:
+                yield k, arrays, bounds[k][0]
+            else:
+                yield k, tuple(resident), 0
+            up.release(slot, compute_stream)
+            if n + 1 < len(order):
+                ready, pending = upload(order[n + 1], pending), None
+        done = True
+    finally:
+        if not done:
+            _drain(up, pending, compute_stream)
+
+
+def _drain(up, pending, compute_stream):
+    """After an interrupted :func:`stream_chunks` (an error, a
+    ``KeyboardInterrupt``, or the consumer closing the generator): wait
+    until nothing writes into or reads from the uploader's buffers, so that
+    they may be released (the caller's arrays, a dropped layout).
+
+    The worker's fill of the next slot (``pending``) writes its pinned
+    buffer; the copy stream may still copy out of a pinned buffer into a
+    device buffer (a slot's, or the resident arrays), and the compute
+    stream's kernels may read one.  Freed device memory is reused in the
+    order of the stream it was allocated on (the compute stream), which
+    does not order the copy stream: hence both synchronisations.  Their own
+    errors are dropped: an error is already on its way out (or, for a closed
+    generator, the device reports it again at its next synchronisation).
+    """
+    if pending is not None:
+        wait([pending[-1]])  # the fill's own error, if any, goes with it
+    for stream in (up.copy, compute_stream):
+        try:
+            stream.synchronize()
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass

@@ -1,0 +1,386 @@
+"""The memory planner (sklearn_cuwide._memory): its arithmetic against
+arrays actually built, and the fits and predictions it refuses (on the CPU,
+with a made-up availability, and one absurd request for real) before they
+allocate, with the estimator left as it was."""
+
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide import (
+    GPUFactorizationMachine,
+    GPUFactorizationMachineRegressor,
+    GPULogisticRegression,
+    InsufficientMemoryError,
+)
+from sklearn_cuwide import _memory
+from sklearn_cuwide._backends import _cpu
+from sklearn_cuwide._layout import LayoutTiler, build_layout, plan_layout
+from sklearn_cuwide._state import ModelState
+
+from .conftest import make_sparse_problem
+
+
+def _canonical(n, d, density, seed):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=density, format="csr", random_state=rng, dtype=np.float32)
+    X.sum_duplicates()
+    return X
+
+
+# --------------------------------------------------------------------------
+# the arithmetic against built arrays
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("n, batch_size, sample_block", [
+    (1, 1, 1), (1000, 64, 64), (1000, 64, 30), (1001, 1024, 342), (4097, 256, 100),
+    (333, 1000, 2000),
+])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_layout_bytes_equal_the_built_layout(n, batch_size, sample_block, shuffle):
+    X = _canonical(n, 97, 0.05, n)
+    L = build_layout(X, batch_size=batch_size, sample_block=sample_block, shuffle=shuffle,
+                     random_state=0, n_hot_max=10)
+    assert _memory.layout_blocks(n, batch_size, sample_block) == (L.n_batches, L.n_sblocks)
+    assert _memory.layout_bytes(X.nnz, n, batch_size, sample_block) == L.nbytes
+    L64 = build_layout(X, batch_size=batch_size, sample_block=sample_block,
+                       dtype=np.float64)
+    assert _memory.layout_bytes(X.nnz, n, batch_size, sample_block, 8) == L64.nbytes
+
+
+@pytest.mark.parametrize("d, D, k", [(1, 1, 0), (1000, 1, 0), (1000, 7, 0), (513, 1, 16)])
+@pytest.mark.parametrize("adagrad", [False, True])
+def test_state_bytes_equal_the_arrays(d, D, k, adagrad):
+    st = ModelState.zeros(d, D, k, adagrad=adagrad, dtype=np.float32, init_scale=0.1)
+    actual = sum(a.nbytes for a in st.arrays().values())
+    assert _memory.state_bytes(d, D, k, adagrad) == actual
+
+
+def test_csr_bytes_equal_scipy():
+    X = _canonical(500, 300, 0.02, 1)
+    assert _memory.csr_bytes(X.nnz, X.shape[0], X.indices.itemsize, X.data.itemsize,
+                             X.indptr.itemsize) == (X.data.nbytes + X.indices.nbytes
+                                                    + X.indptr.nbytes)
+
+
+@pytest.mark.parametrize("chunk_nnz", [50, 700, 5000, 10**6])
+def test_chunks_stay_within_their_bound(chunk_nnz):
+    rng = np.random.default_rng(3)
+    X = _canonical(3000, 211, 0.03, 3)
+    X = sp.lil_matrix(X)
+    X[rng.integers(0, 3000, 20)] = 1.0  # a few long rows
+    X = sp.csr_matrix(X)
+    longest = int(np.diff(X.indptr).max())
+    plan = plan_layout(X, batch_size=64, chunk_nnz=chunk_nnz, shuffle=True, random_state=0)
+    bound, _, _ = _memory.chunk_bounds(X.nnz, 3000, 64, longest, chunk_nnz)
+    assert max(plan.chunk_nnz(k) for k in range(len(plan.chunks))) <= bound
+
+
+@pytest.mark.parametrize("n, d", [(2000, 5000), (20000, 5000)])
+def test_tiling_bytes_bound_the_sort_measured(n, d):
+    """The traced peak of one chunk's sort and store (numpy registers its
+    allocations with tracemalloc) stays within tiling_bytes, which is not a
+    loose bound either."""
+    X = _canonical(n, d, 0.01, 4)
+    plan = plan_layout(X, batch_size=512, sample_block=200, chunk_nnz=X.nnz,
+                       shuffle=True, random_state=0)
+    assert len(plan.chunks) == 1
+    tiler = LayoutTiler(plan, np, np.float32)
+    indptr, indices, data = plan.read_chunk(0)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        tiler.store(tiler.sort(0, indptr, indices, data))
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    bound = _memory.tiling_bytes(X.nnz, chunk_sblocks=plan.n_sblocks)
+    assert peak <= bound
+    assert peak >= 0.9 * bound
+
+
+def test_device_budget():
+    free, total = 10 * 2**30, 80 * 2**30
+    assert _memory.device_budget(None, free, total)[0] == int(0.8 * free)
+    assert _memory.device_budget(2**30, free, total) == (
+        2**30, "device_memory_limit=1073741824 (1.00 GiB)")
+    b, how = _memory.device_budget(2**40, free, total)
+    assert b == free and "below device_memory_limit" in how
+    assert _memory.device_budget(0.1, free, total)[0] == int(0.1 * total)
+    assert _memory.device_budget(0.5, free, total)[0] == free  # more than is free
+
+
+def test_host_available_bytes(monkeypatch):
+    avail = _memory.host_available_bytes()
+    assert avail is None or avail > 0
+    import builtins
+
+    real_open = builtins.open
+
+    def no_proc(path, *a, **k):
+        if str(path) == "/proc/meminfo":
+            raise OSError("no /proc")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    fallback = _memory.host_available_bytes()
+    assert fallback is None or fallback > 0
+
+
+# --------------------------------------------------------------------------
+# the plans of the CUDA backend (pure arithmetic)
+# --------------------------------------------------------------------------
+def _shape(**kw):
+    base = dict(n_rows=10**6, n_features=2**20, nnz=39 * 10**6, max_row_nnz=39,
+                index_itemsize=4, value_itemsize=4, n_factors=16, solver="adagrad",
+                batch_size=1024, sample_block=512)
+    base.update(kw)
+    return _memory.FitShape(**base)
+
+
+def test_cuda_plan_takes_the_first_layout_that_fits():
+    s = _shape()
+    peaks = {lay: _memory.MemoryPlan("fit", "cuda", lay, _memory.fit_needs(s, "cuda", lay),
+                                     {}, {}, True).peak("device")
+             for lay in ("device", "uploaded", "streamed")}
+    assert peaks["device"] > peaks["uploaded"] > peaks["streamed"]
+    layout = _memory.layout_bytes(s.nnz, s.n_rows, s.batch_size, s.sample_block)
+    state = _memory.state_bytes(s.n_features, 1, 16, True)
+    assert peaks["uploaded"] >= layout + state
+    how = {"host": "h", "device": "d"}
+    for lay, avail in (("device", peaks["device"]), ("uploaded", peaks["device"] - 1),
+                       ("streamed", peaks["uploaded"] - 1)):
+        plan = _memory.plan_fit(s, "cuda", {"host": None, "device": avail}, how)
+        assert plan.fits and plan.layout == lay
+        assert plan.layout_resident == (lay != "streamed")
+    plan = _memory.plan_fit(s, "cuda", {"host": None, "device": peaks["streamed"] - 1}, how)
+    assert not plan.fits
+    with pytest.raises(InsufficientMemoryError, match="of GPU memory") as e:
+        plan.check()
+    msg = str(e.value)
+    assert "n_factors=" in msg and "device_memory_limit" in msg and "(d)" in msg
+
+
+def test_suggested_n_factors_is_the_largest_that_fits():
+    s = _shape(n_factors=64)
+    how = {"host": "h", "device": "d"}
+    avail = {"host": None, "device": _memory.MemoryPlan(
+        "fit", "cuda", "streamed", _memory.fit_needs(_shape(n_factors=20), "cuda", "streamed"),
+        {}, {}, True).peak("device")}
+    plan = _memory.plan_fit(s, "cuda", avail, how)
+    assert not plan.fits
+    k = int(next(x for x in plan.suggestions if x.startswith("n_factors=")).split("=")[1]
+            .split()[0])
+    assert k >= 20
+    assert _memory.plan_fit(_shape(n_factors=k), "cuda", avail, how).fits
+    assert not _memory.plan_fit(_shape(n_factors=k + 1), "cuda", avail, how).fits
+
+
+def test_lbfgs_plan_counts_the_vectors():
+    s = _shape(solver="lbfgs", n_factors=0, n_outputs=3)
+    needs = _memory.fit_needs(s, "cpu")
+    vec = needs["host"]["training"]["L-BFGS's vectors"]
+    assert vec == (2 * 10 + 8) * 8 * (s.n_features * 3 + 3) + 24 * s.n_rows
+
+
+# --------------------------------------------------------------------------
+# fits and predictions on the CPU
+# --------------------------------------------------------------------------
+ESTIMATORS = [
+    lambda: GPULogisticRegression(device="cpu", solver="adagrad", max_iter=2),
+    lambda: GPULogisticRegression(device="cpu", solver="lbfgs", max_iter=5),
+    lambda: GPUFactorizationMachine(device="cpu", n_factors=8, max_iter=2, random_state=0),
+    lambda: GPUFactorizationMachineRegressor(device="cpu", n_factors=8, max_iter=2,
+                                             random_state=0),
+]
+
+
+def _fitted_state(est):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v)
+            for k, v in vars(est).items() if k.endswith("_") and not k.startswith("_")}
+
+
+@pytest.mark.parametrize("make", ESTIMATORS)
+def test_refused_fit_leaves_the_estimator_as_it_was(make, monkeypatch):
+    X, y = make_sparse_problem(3, n_samples=300, n_features=50)
+    est = make()
+    if isinstance(est, GPUFactorizationMachineRegressor):
+        y = y.astype(float)
+    est.fit(X, y)
+    before = _fitted_state(est)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 50_000)
+    X2, y2 = make_sparse_problem(3, n_samples=2000, n_features=50, seed=1)
+    if isinstance(est, GPUFactorizationMachineRegressor):
+        y2 = y2.astype(float)
+    with pytest.raises(InsufficientMemoryError, match="of host memory") as e:
+        est.fit(X2, y2)
+    assert "more than the 48.83 KiB available (the host's available memory)" in str(e.value)
+    after = _fitted_state(est)
+    assert after.keys() == before.keys()
+    for k in before:
+        if isinstance(before[k], np.ndarray):
+            np.testing.assert_array_equal(after[k], before[k])
+        else:
+            assert after[k] == before[k]
+
+
+def test_fit_fits_exactly_at_its_planned_need(monkeypatch):
+    """The plan's host peak as the availability fits; one byte less refuses."""
+    X, y = make_sparse_problem(2, n_samples=500, n_features=80)
+    seen = []
+    real = _memory.plan_fit
+
+    def spy(*a, **k):
+        plan = real(*a, **k)
+        seen.append(plan)
+        return plan
+
+    monkeypatch.setattr(_memory, "plan_fit", spy)
+    GPUFactorizationMachine(device="cpu", n_factors=4, max_iter=1).fit(X, y)
+    need = seen[-1].peak("host")
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: need)
+    GPUFactorizationMachine(device="cpu", n_factors=4, max_iter=1).fit(X, y)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: need - 1)
+    with pytest.raises(InsufficientMemoryError):
+        GPUFactorizationMachine(device="cpu", n_factors=4, max_iter=1).fit(X, y)
+
+
+def test_refusal_suggests_n_factors_that_fit(monkeypatch):
+    X, y = make_sparse_problem(2, n_samples=400, n_features=3000, density=0.01)
+    seen = []
+    real = _memory.plan_fit
+    monkeypatch.setattr(_memory, "plan_fit", lambda *a, **k: seen.append(real(*a, **k))
+                        or seen[-1])
+    GPUFactorizationMachine(device="cpu", n_factors=10, max_iter=1).fit(X, y)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: seen[-1].peak("host"))
+    with pytest.raises(InsufficientMemoryError, match=r"n_factors=\d+ \(at most\)") as e:
+        GPUFactorizationMachine(device="cpu", n_factors=60, max_iter=1).fit(X, y)
+    k = int(str(e.value).split("n_factors=")[1].split()[0])
+    assert 8 <= k < 60  # 10 fitted with the larger sample blocks of fewer factors
+    GPUFactorizationMachine(device="cpu", n_factors=k, max_iter=1).fit(X, y)
+
+
+def test_absurd_model_is_refused_before_it_is_allocated():
+    """An FM on 2**33 columns with 64 factors (terabytes of parameters), from
+    a sparse matrix of a few nonzeros: the planned error, with next to
+    nothing allocated, never the operating system's kill."""
+    rng = np.random.default_rng(0)
+    n = 300
+    X = sp.csr_matrix((np.ones(900), (rng.integers(0, n, 900), rng.integers(0, 2**33, 900))),
+                      shape=(n, 2**33))
+    y = np.arange(n) % 2
+    tracemalloc.start()
+    try:
+        with pytest.raises(InsufficientMemoryError, match="TiB of host memory") as e:
+            GPUFactorizationMachine(device="cpu", n_factors=64).fit(X, y)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 2**20
+    assert "fewer features" in str(e.value)
+
+
+def test_prediction_is_planned_and_refused_with_rows_per_call(monkeypatch):
+    X, y = make_sparse_problem(3, n_samples=2000, n_features=40)
+    fm = GPUFactorizationMachine(device="cpu", n_factors=8, max_iter=1).fit(X, y)
+    expected = fm.decision_function(X)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 100_000)
+    with pytest.raises(InsufficientMemoryError, match="This prediction needs") as e:
+        fm.decision_function(X)
+    rows = int(str(e.value).split("at most ")[1].split()[0])
+    assert 1 <= rows < 2000
+    np.testing.assert_allclose(fm.decision_function(X[:rows]), expected[:rows])
+
+
+def test_a_memory_error_during_a_fit_becomes_ours(monkeypatch):
+    """numpy's MemoryError in the middle of a planned fit (memory taken
+    meanwhile): InsufficientMemoryError chained to it, estimator unchanged."""
+    X, y = make_sparse_problem(2, n_samples=300, n_features=30)
+    fm = GPUFactorizationMachine(device="cpu", n_factors=4, max_iter=2).fit(X, y)
+    before = _fitted_state(fm)
+
+    def oom(*a, **k):
+        np.empty(2**62, dtype=np.uint8)  # numpy's MemoryError, for real
+
+    monkeypatch.setattr(_cpu, "run_epoch", oom)
+    with pytest.raises(InsufficientMemoryError, match="ran out of memory during the fit") as e:
+        fm.fit(X, y)
+    assert isinstance(e.value.__cause__, MemoryError)
+    assert "It was planned to need" in str(e.value)
+    np.testing.assert_array_equal(fm.coef_, before["coef_"])
+
+
+def test_the_plan_is_per_thread_and_ends_with_the_fit(monkeypatch):
+    X, y = make_sparse_problem(2, n_samples=300, n_features=30)
+    seen = {}
+    real = _cpu.build_layout
+
+    def spy(X, **kw):
+        seen[kw["batch_size"]] = _memory.active_plan()
+        return real(X, **kw)
+
+    monkeypatch.setattr(_cpu, "build_layout", spy)
+    threads = [threading.Thread(target=GPULogisticRegression(
+        device="cpu", solver="adagrad", max_iter=1, batch_size=b).fit, args=(X, y))
+        for b in (32, 64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    plans = list(seen.values())
+    assert len(plans) == 2 and all(p is not None and p.layout == "host" for p in plans)
+    assert plans[0] is not plans[1]
+    assert _memory.active_plan() is None
+
+
+# --------------------------------------------------------------------------
+# an interrupted stream_chunks (the CUDA uploader, with the numpy stand-in)
+# --------------------------------------------------------------------------
+class _SlowHost(np.ndarray):
+    """Host nonzeros whose slices take a while: the worker's fill of the
+    next chunk is still running when the consumer stops."""
+
+    filled = []
+
+    def __getitem__(self, key):
+        import time
+
+        time.sleep(0.05)
+        out = np.ndarray.__getitem__(self.view(np.ndarray), key)
+        _SlowHost.filled.append(key)
+        return out
+
+
+@pytest.mark.parametrize("resident", [False, True])
+@pytest.mark.parametrize("how", ["error", "close"])
+def test_interrupted_stream_drains_its_copies(resident, how):
+    """The consumer fails (or stops) after the first chunk: before the
+    generator is done, the next chunk's fill has finished and the host has
+    waited for every copy, so the buffers may be released."""
+    from .test_gpu_upload import _FakeCupy, _upload_module
+
+    up = _upload_module()
+    L = build_layout(_canonical(2000, 300, 0.02, 5), batch_size=64, sample_block=30)
+    cuts = np.linspace(0, L.nnz, 6).astype(int)
+    bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    host = tuple(a.view(_SlowHost) for a in (L.feat, L.row, L.val))
+    fake = _FakeCupy()
+    uploader = up.PinnedUploader(fake, [(max(b - a for a, b in bounds), a.dtype)
+                                        for a in host], device_buffers=not resident)
+    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
+    _SlowHost.filled = []
+    gen = up.stream_chunks(uploader, host, bounds, list(range(5)), fake._null, resident=dev)
+    next(gen)
+    (copy,) = fake.streams
+    assert copy.in_flight or copy.queue  # chunk 0's copy: the host has not waited
+    if how == "close":
+        gen.close()
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            gen.throw(KeyboardInterrupt)
+    assert not copy.queue and not copy.in_flight
+    assert len(_SlowHost.filled) == 2 * 3  # chunk 1's fill finished before the return
+    uploader.close()
