@@ -17,9 +17,12 @@ Both flow-based entry points share :func:`._train.run_epoch`'s launcher.
 import cupy as cp
 import numpy as np
 
+from ..._kernels import LOSS as _LOSS
+from ..._kernels import MODEL as _MODEL
+from ..._kernels import SOLVER as _SOLVER
 from ..._kernels import get_kernel, kernel_name
 from ._runtime import NULL, props, put_csr
-from ._train import _LOSS, _MODEL, _SOLVER, VARIANTS, _dense_gw, _epoch, _n_factors
+from ._train import VARIANTS, _dense_gw, _epoch, _n_factors
 
 #: the optimisations :func:`run_epoch_ablation` can leave out:
 #: ``"no_replicas"``, one copy of the hot gradient accumulators instead of
