@@ -272,6 +272,14 @@ def test_time_epochs_refuses_what_it_cannot_time(ctr):
                     variant="nope")
 
 
+def _fm_kernels(k, variant):
+    """The training kernels of an FM with ``k`` factors for clusters of 1 and 2."""
+    from sklearn_cuwide._kernels import train_instantiation
+
+    return [("cuwide_train.cu", train_instantiation("fm", 1, k, "adagrad", "logistic", cl,
+                                                     variant)) for cl in (1, 2)]
+
+
 def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
     """The GPU branch of the probe, driven by the CPU backend dressed as the
     CUDA one and a stand-in for cupy's events: the ablation switches reach
@@ -308,8 +316,8 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
         calls["run_epoch"].append(dict(opts, variant=variant))
         return _cpu.run_epoch(*a)
 
-    def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
-        calls["kernels"].append((n_factors, cluster, variant))
+    def get_kernels(source, names):
+        calls["kernels"].extend((source, n) for n in names)
 
     def run_epoch_classic(Xc, y, sw, state, params, order_rows):
         calls["classic"].append((Xc, np.asarray(order_rows)))
@@ -324,7 +332,8 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
 
     gpu = types.SimpleNamespace(
         run_epoch_classic=run_epoch_classic, run_epoch_ablation=run_epoch_ablation,
-        train_kernel=train_kernel, cluster_sizes=lambda: (1, 2), Event=Event,
+        SOURCE="cuwide_train.cu", get_kernels=get_kernels, cluster_sizes=lambda: (1, 2),
+        Event=Event,
         elapsed_ms=lambda a, b: (b.t - a.t) * 1e3,
     )
     monkeypatch.setattr(profiling, "_gpu_entry_points", lambda: gpu)
@@ -336,13 +345,13 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
     assert [o["variant"] for o in calls["run_epoch"]] == ["no_replicas"] * 2
     assert [o["workers"] for o in calls["run_epoch"]] == [3, 3] and t.workers == 3
     assert calls["run_epoch"][0]["ramp"] > 0 and calls["run_epoch"][1]["ramp"] == 0
-    assert calls["kernels"] == [(4, 1, "no_replicas"), (4, 2, "no_replicas")]
+    assert calls["kernels"] == _fm_kernels(4, "no_replicas")
     assert len(t.epoch_s) == len(t.eval_decision) == 2 and t.n_hot > 0
     calls["run_epoch"].clear()
     calls["kernels"].clear()
     t = time_epochs(fm, X, y, epochs=1, variant="global_accumulators")
     assert calls["run_epoch"][0]["variant"] == "global_accumulators"
-    assert calls["kernels"] == [(4, 1, "global_accumulators"), (4, 2, "global_accumulators")]
+    assert calls["kernels"] == _fm_kernels(4, "global_accumulators")
     assert time_epochs(fm, X, y, epochs=1, variant="no_hot_cache").n_hot == 0
 
     time_epochs(fm, X, y, epochs=2, variant="classic")
