@@ -10,6 +10,7 @@ new starts after ``--budget-s``; what is skipped says so.
 """
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -385,6 +386,9 @@ def parse_args(argv):
     ap.add_argument("--systems-data", default=None,
                     help="synthetic datasets of the systems part, ROWSxLOG2FEATURES,...")
     ap.add_argument("--scale-rows", default=None, help="rows of the rows sweep, comma list")
+    ap.add_argument("--merge", default=None, metavar="RESULTS_JSON",
+                    help="keep the parts of an earlier results.json that this run does not "
+                         "run (a full run split over several calls)")
     ap.add_argument("--torch-grid", choices=sorted(TORCH_GRIDS), default=None,
                     help="the PyTorch baselines' grid, the best test AUC reported (default: "
                          "full on --gpu, small otherwise)")
@@ -454,6 +458,37 @@ def _notes(cfg, sk_workers):
         "torch.cuda.max_memory_allocated. cuSPARSE: timed over a capped number of mini-batches "
         "and scaled to an epoch. The PyTorch FM needs fixed-length rows.",
     ]
+
+
+#: the parts a results.json holds, by key
+PART_KEYS = {"floors": ("floors",), "startup": ("startup",), "systems": ("systems",),
+             "real": ("real", "real_info"), "ablation": ("ablation",),
+             "scaling": ("scaling",)}
+
+
+def merge_results(res, earlier, parts):
+    """Into ``res``, the parts of an ``earlier`` run's results that this run
+    did not run (their timings and notes with them); the environment of the
+    earlier run is kept as ``env_merged``."""
+    merged = []
+    for part, keys in PART_KEYS.items():
+        if part in parts or not any(k in earlier for k in keys):
+            continue
+        for k in keys:
+            if k in earlier:
+                res[k] = earlier[k]
+        if part in earlier.get("timings", {}):
+            res["timings"][part] = earlier["timings"][part]
+        merged.append(part)
+    for k in ("compile_s", "data_generated"):
+        res[k] = {**earlier.get(k, {}), **res.get(k, {})}
+    res["notes"] = res["notes"] + [n for n in earlier.get("notes", []) if n not in res["notes"]]
+    res["env_merged"] = dict(earlier.get("env") or {}, parts=merged)
+    if merged:
+        res["notes"].append(f"Parts {', '.join(merged)} are those of an earlier run (commit "
+                            f"{res['env_merged'].get('git_commit')}, "
+                            f"{res['env_merged'].get('date_utc')}), merged.")
+    return merged
 
 
 def _torch_note(grid):
@@ -534,6 +569,8 @@ def main(argv=None):
     res["compile_s"] = ctx.compile_s
     res["data_generated"] = pool.generated
     res["notes"] += ctx.notes + _notes(cfg, cfg["sk_workers"])
+    if args.merge:
+        merge_results(res, json.loads(Path(args.merge).read_text()), args.parts)
     if "plots" not in args.skip:
         try:
             made = report.make_plots(res, out_dir)

@@ -325,6 +325,28 @@ def test_ratio():
     assert ratio(inf, inf) is None and ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
 
 
+def test_merge_keeps_the_parts_not_run_again():
+    """A full run split over two calls: the second keeps the first's parts
+    it did not run, with their timings; its own parts win."""
+    from benchmarks.suite import merge_results
+
+    earlier = {"env": {"git_commit": "abc", "date_utc": "d"}, "floors": {"copy_bw": 1.0},
+               "startup": {"models": {}}, "systems": {"old": 1}, "real": {"old": 2},
+               "real_info": {"absent": []}, "timings": {"env": 0.1, "systems": 300.0,
+                                                        "real": 20.0},
+               "notes": ["a", "b"], "compile_s": {"x": 1.0}, "data_generated": {"d1": 2.0}}
+    res = {"env": {}, "real": {"new": 3}, "timings": {"env": 0.2, "real": 25.0},
+           "notes": ["b", "c"], "compile_s": {"y": 2.0}, "data_generated": {}}
+    merged = merge_results(res, earlier, ["real", "ablation", "scaling"])
+    assert merged == ["floors", "startup", "systems"]
+    assert res["systems"] == {"old": 1} and res["real"] == {"new": 3}
+    assert "real_info" not in res  # the real part ran again: none of its keys are taken
+    assert res["timings"] == {"env": 0.2, "real": 25.0, "systems": 300.0}
+    assert res["compile_s"] == {"x": 1.0, "y": 2.0}
+    assert res["notes"][:3] == ["b", "c", "a"]
+    assert "merged" in res["notes"][-1] and res["env_merged"]["parts"] == merged
+
+
 def test_startup_pieces(tmp_path):
     """The start-up part's arithmetic and its count of compiled modules."""
     from benchmarks import startup
