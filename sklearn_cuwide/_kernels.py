@@ -121,7 +121,8 @@ def launch_plan(chunk_batches, grid, ramp):
 
 
 def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_batches, grid,
-                         ramp, slots, cluster_sizes, cluster=None, variant=None):
+                         ramp, slots, cluster_sizes, cluster=None, variant=None,
+                         and_later=False):
     """The training kernels one epoch launches, by thread blocks per worker:
     ``{cluster: name_expression}``.
 
@@ -129,9 +130,14 @@ def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_bat
     workers of ``cluster`` blocks (None:
     :func:`~sklearn_cuwide._backends._concurrency.cluster_for` them on a
     device that runs ``slots`` blocks at once, with ``cluster_sizes``).
+    ``and_later``: with them, those of the same epoch without the warm-up
+    (the epochs after a first one that warms up).
     """
     out = {}
-    for _, n, P in launch_plan(chunk_batches, grid, ramp):
+    plan = launch_plan(chunk_batches, grid, ramp)
+    if and_later and ramp:
+        plan += launch_plan(chunk_batches, grid, 0)
+    for _, n, P in plan:
         g = min(int(P), int(n))
         cl = int(cluster) if cluster is not None else _concurrency.cluster_for(
             g, slots, cluster_sizes)

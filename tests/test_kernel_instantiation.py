@@ -163,6 +163,22 @@ def test_epoch_instantiations_follow_each_launch():
     assert list(names) == [4, 8]  # 62 workers (as clusters of 4), then 10 (of 8)
 
 
+def test_and_later_adds_the_epochs_after_the_warm_up():
+    """A first epoch whose warm-up does not reach the grid (3907 mini-batches
+    of an FM on 244 workers) also gets the later epochs' plain blocks."""
+    kw = dict(chunk_batches=[3907], grid=244, ramp=32, slots=H200_SLOTS,
+              cluster_sizes=HOPPER)
+    first = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", **kw)
+    both = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,
+                                         **kw)
+    assert list(first) == [8, 4] and list(both) == [8, 4, 1]
+    # without a warm-up there is nothing to add
+    kw["ramp"] = 0
+    assert _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,
+                                         **kw) == {1: _kernels.train_instantiation(
+                                             "fm", 1, 16, "adagrad", "logistic")}
+
+
 def test_an_explicit_cluster_is_the_only_instantiation():
     names = _kernels.epoch_instantiations(
         "linear", 1, 0, "adagrad", "logistic", chunk_batches=[4000], grid=264, ramp=8,
@@ -286,3 +302,62 @@ def test_the_launchers_names_compile_from_the_source_nvrtc_gets(filename, names,
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert obj.stat().st_size > 0
+
+
+# --------------------------------------------------------------------------
+# on the GPU: a fit builds the instantiations its plan names, and no other
+# --------------------------------------------------------------------------
+def _needs_gpu():
+    from sklearn_cuwide._device import cuda_device_count
+
+    return pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@_needs_gpu()
+@pytest.mark.parametrize("make, model, k", [
+    (lambda: __import__("sklearn_cuwide").GPULogisticRegression(
+        solver="adagrad", max_iter=2, random_state=0, device="cuda"), "linear", 0),
+    (lambda: __import__("sklearn_cuwide").GPUFactorizationMachine(
+        n_factors=8, max_iter=2, tol=None, random_state=0, device="cuda"), "fm", 8),
+])
+def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k):
+    from sklearn_cuwide._backends._cuda import _runtime
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(n_samples=20_000, n_features=2**16, random_state=0)[:2]
+    _kernels._CACHE.clear()  # this process's memo (CuPy's caches may still serve them)
+    seconds, modules = _kernels.compile_seconds()
+    est = make().fit(X, y)
+    built = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_train.cu"}
+    n_batches = -(-X.shape[0] // est.batch_size)
+    grid = _concurrency.blocks("auto", model, "adagrad", n_batches, _runtime.full_grid())
+    expected = _kernels.epoch_instantiations(
+        model, 1, k, "adagrad", "logistic", chunk_batches=[n_batches], grid=grid,
+        ramp=_concurrency.default_ramp(model), slots=_runtime.full_grid(),
+        cluster_sizes=_runtime.cluster_sizes(), and_later=True)
+    assert built == set(expected.values())
+    assert _kernels.compile_seconds()[1] == modules + len(built)
+    # the prediction builds the predict kernel of the input's dtypes, once
+    est.decision_function(X[:100])
+    est.decision_function(X[100:200])
+    pred = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_predict.cu"}
+    assert len(pred) == 1 and next(iter(pred)).startswith("cuwide_predict<")
+
+
+@pytest.mark.gpu
+@_needs_gpu()
+def test_gpu_first_epoch_line_reports_the_kernels(capsys):
+    """With nothing memoised, the first epoch's verbose line says how long
+    getting its kernels took (compiled, or loaded from CuPy's cache)."""
+    from sklearn_cuwide import GPULogisticRegression
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(n_samples=5_000, n_features=2**14, random_state=1)[:2]
+    _kernels._CACHE.clear()
+    GPULogisticRegression(solver="sgd", max_iter=2, tol=0.0, verbose=1, random_state=0,
+                          device="cuda").fit(X, y)
+    lines = capsys.readouterr().out.splitlines()
+    epochs = [ln for ln in lines if ln.startswith("Epoch")]
+    assert re.match(r"^Epoch 1/2 in \d+\.\d{3} s \(kernels \d+\.\d{3} s\): ", epochs[0])
+    assert "(kernels" not in epochs[1]

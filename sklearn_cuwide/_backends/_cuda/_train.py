@@ -103,13 +103,14 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
 
 def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cluster=None,
                   variant=None):
-    """``{cluster: kernel}`` of every launch of an epoch (see
+    """``{cluster: kernel}`` of every launch of an epoch, and of the epochs
+    after a first one that warms up (see
     :func:`sklearn_cuwide._kernels.epoch_instantiations`), the ones not yet
     built compiled together."""
     names = _kernels.epoch_instantiations(
         params.model, n_outputs, n_factors, params.solver, params.loss,
         chunk_batches=chunk_batches, grid=grid, ramp=ramp, slots=full_grid(),
-        cluster_sizes=cluster_sizes(), cluster=cluster, variant=variant)
+        cluster_sizes=cluster_sizes(), cluster=cluster, variant=variant, and_later=True)
     return dict(zip(names, _kernels.get_kernels(SOURCE, list(names.values()))))
 
 
