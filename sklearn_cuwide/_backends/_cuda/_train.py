@@ -248,9 +248,15 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
     plan = _kernels.launch_plan([p.size for p in parts], grid, ramp)
     kernels = epoch_kernels(params, D, k, [p.size for p in parts], grid, ramp,
                             cluster=cluster, variant=variant)
-    for kern in kernels.values():
+
+    def kernel_of(cl):
+        # the plan names every launch's kernel; one it did not is built here
+        kern = kernels.get(cl)
+        if kern is None:
+            kern = kernels[cl] = train_kernel(params, D, k, cl, variant=variant)
         if smem > kern.max_dynamic_shared_size_bytes:
             kern.max_dynamic_shared_size_bytes = smem
+        return kern
 
     def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
@@ -278,7 +284,7 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
             kargs += (acc_buf,)
         kargs = tuple(NULL if x is None else x for x in kargs)  # absent arrays: null pointers
         cl = cluster_of(g)
-        kernels[cl]((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
+        kernel_of(cl)((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
 
     def launch(c, arrays, base):
         order_np = parts[c]
