@@ -33,6 +33,7 @@ from ._backends import _concurrency
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
     "train_instantiation", "launch_plan", "epoch_instantiations", "predict_instantiation",
+    "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
 ]
 
@@ -156,6 +157,29 @@ def predict_instantiation(indptr_dtype, indices_dtype, data_dtype, model, n_outp
         "cuwide_predict", CTYPE[str(indptr_dtype)], CTYPE[str(indices_dtype)],
         CTYPE[str(data_dtype)], MODEL[model], 1 if model == "fm" else int(n_outputs),
         int(n_factors) if model == "fm" else 0)
+
+
+def lbfgs_instantiations(indices_dtype, data_dtype):
+    """The fused L-BFGS objective's two kernels (``cuda/cuwide_lbfgs.cu``):
+    ``(forward, backward)`` name expressions for a CSR of these dtypes."""
+    targs = (CTYPE[str(indices_dtype)], CTYPE[str(data_dtype)])
+    return (kernel_name("cuwide_lbfgs_logistic_forward", *targs),
+            kernel_name("cuwide_lbfgs_logistic_backward", *targs))
+
+
+def lbfgs_memory_instantiation(name, n_rows):
+    """``cuwide_lbfgs_gram<NB>`` or ``cuwide_lbfgs_direction<NB>`` for the
+    ``n_rows`` stored vectors of L-BFGS (``2 m``: one value per fit)."""
+    if name not in ("cuwide_lbfgs_gram", "cuwide_lbfgs_direction"):
+        raise ValueError(f"no L-BFGS memory kernel {name!r}")
+    return kernel_name(name, int(n_rows))
+
+
+def classic_instantiation(model, n_factors, solver, loss):
+    """The classic schema's kernel (``cuda/cuwide_classic.cu``, the
+    benchmarks' ablation): ``cuwide_classic<MODEL, NF, SOLVER, LOSS>``."""
+    return kernel_name("cuwide_classic", MODEL[model], int(n_factors), SOLVER[solver],
+                       LOSS[loss])
 
 
 # --------------------------------------------------------------------------

@@ -228,13 +228,26 @@ def _every_launcher_name():
             ("int32", "int64"), ("int32", "int64"), ("float32", "float64"), _kernels.MODEL,
             (1, 3), (4, 16)):
         names.add(_kernels.predict_instantiation(ipt, idx, val, model, out, k))
+    for idx, val in itertools.product(("int32", "int64"), ("float32", "float64")):
+        names.update(_kernels.lbfgs_instantiations(idx, val))
+    for name in ("cuwide_lbfgs_gram", "cuwide_lbfgs_direction"):
+        names.add(_kernels.lbfgs_memory_instantiation(name, 20))
+    for model, solver, loss in itertools.product(_kernels.MODEL, _kernels.SOLVER,
+                                                 _kernels.LOSS):
+        names.add(_kernels.classic_instantiation(model, 16 if model == "fm" else 0, solver,
+                                                 loss))
     return names
 
 
 def test_every_launcher_name_matches_a_template_of_the_sources():
-    templates = {**_templates("cuwide_train.cu"), **_templates("cuwide_predict.cu")}
+    templates = {}
+    for source in ("cuwide_train.cu", "cuwide_predict.cu", "cuwide_lbfgs.cu",
+                   "cuwide_classic.cu"):
+        templates.update(_templates(source))
     assert {"cuwide_train", "cuwide_train_cluster", "cuwide_train_ablation",
-            "cuwide_train_ablation_cluster", "cuwide_predict"} <= set(templates)
+            "cuwide_train_ablation_cluster", "cuwide_predict", "cuwide_lbfgs_logistic_forward",
+            "cuwide_lbfgs_logistic_backward", "cuwide_lbfgs_gram", "cuwide_lbfgs_direction",
+            "cuwide_classic"} <= set(templates)
     enums = _enumerators()
     for expr in _every_launcher_name():
         name, args = _split(expr)
@@ -289,6 +302,10 @@ def _fit_names():
                                                           "linear", 1, 0),
                            _kernels.predict_instantiation("int64", "int32", "float64", "fm",
                                                           1, 16)]),
+    ("cuwide_lbfgs.cu", [*_kernels.lbfgs_instantiations("int32", "float32"),
+                         *_kernels.lbfgs_instantiations("int64", "float64"),
+                         _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_gram", 20),
+                         _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_direction", 20)]),
 ])
 def test_the_launchers_names_compile_from_the_source_nvrtc_gets(filename, names, tmp_path):
     """The source text handed to NVRTC (headers inlined: no include path)
