@@ -600,7 +600,9 @@ def test_gpu_interrupted_refit_keeps_the_previous_model(binary, multiclass, monk
     before, P = _snapshot(est), _predict(est, X)
     Xr, yr = _refit_data(name, binary, multiclass)
     with monkeypatch.context() as m:
-        calls = _raise_on_call(m, FitProgress, "step", exc, n=2)
+        # L-BFGS reports its iterations through FitProgress.iteration
+        calls = _raise_on_call(m, FitProgress, "iteration" if name == "lr-lbfgs" else "step",
+                               exc, n=2)
         with pytest.raises(type(exc)):
             est.fit(Xr, yr)
         assert calls[0] == 2
