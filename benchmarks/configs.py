@@ -35,7 +35,7 @@ TORCH_GRIDS = {
         "batch_sizes": (1024, 4096, 65536),
         "learning_rates": {"adagrad": (0.02, 0.05, 0.2, 0.5),
                            "adam": (0.001, 0.003, 0.01, 0.03)},
-        "tune_rows": 1_000_000,
+        "tune_rows": 500_000,
         "tune_epochs": 1,
     },
     "small": {
@@ -76,10 +76,10 @@ CONFIGS = {
         scale_factors_data=(1_000_000, 22),
         scale_epochs=3,
         fm_l2=(1e-7, 1e-6),
-        budget_s=420.0,
+        budget_s=450.0,
         sk_workers=3,
         torch_grid="full",
-        estimates={"env": 3, "floors": 8, "startup": 60, "systems": 330, "real": 60,
+        estimates={"env": 3, "floors": 8, "startup": 60, "systems": 360, "real": 60,
                    "ablation": 40, "scaling": 160, "finish": 10},
     ),
     "cpu": dict(
