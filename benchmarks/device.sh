@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, from the repository root, in one device call:
-#   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench (default: all)
+#   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench bench-more
+#                                           (default: all; each call at most 10 minutes: see
+#                                           benchmarks/README.md for how to split them)
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
 # /tmp/cuwide-device); a summary table is printed last.  The real
 # datasets, carried as the ignored folder .data, reach every step.  A copy of
@@ -24,7 +26,7 @@ step() {  # name, command...
     "$(grep -h 'passed\|failed\|ERROR SUMMARY\|RACECHECK SUMMARY\|errors recorded' "$OUT/$name.log" | tail -n 1 | cut -c1-100)")")
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-for s in ${*:-tests memcheck racecheck demo bench}; do
+for s in ${*:-tests memcheck racecheck demo bench bench-more}; do
   case $s in
     tests) step tests $PYTEST -m gpu tests ;;
     memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -32,11 +34,20 @@ for s in ${*:-tests memcheck racecheck demo bench}; do
     racecheck) step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
         $PYTEST -x tests/test_gpu_kernels.py -k "$RACECHECK_K" ;;
     demo) step demo python -m sklearn_cuwide.demo --n-samples 400000 ;;
-    bench) step bench python -m benchmarks --gpu --out "$OUT/results" ;;
-    *) echo "unknown step $s (tests memcheck racecheck demo bench)" >&2 ;;
+    # the harness in two calls: floors, start-up and the systems (about 8
+    # minutes), then the real datasets, the ablation and the scaling merged
+    # into the first call's results, copied to benchmarks/results/ (about 5)
+    bench) step bench python -m benchmarks --gpu --parts floors,startup,systems \
+        --out "$OUT/results" ;;
+    bench-more) step bench-more python -m benchmarks --gpu --parts real,ablation,scaling \
+        --merge benchmarks/results/results.json --out "$OUT/results" ;;
+    startup) step startup python -m benchmarks --gpu --parts startup --out "$OUT/startup" ;;
+    *) echo "unknown step $s (tests memcheck racecheck demo bench bench-more startup)" >&2 ;;
   esac
 done
-[[ -f "$OUT/bench.log" ]] && sed -n '/^wrote /,$p' "$OUT/bench.log"
+for log in bench bench-more startup; do
+  [[ -f "$OUT/$log.log" ]] && sed -n '/^wrote /,$p' "$OUT/$log.log"
+done
 echo
 cat "$OUT/gpu.txt"
 printf '%s\n' "${summary[@]}"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .configs import TARGET_SLACK
 
 #: a scaling point keeps the device busy when its workers are at least this
 #: share of the most workers any point of its sweep ran (on the CPU: always)
@@ -79,42 +78,88 @@ def scaling_fits(sc):
     return fits
 
 
-def time_to_target(curve, target):
-    """First cumulative time at which the test logloss is at most ``target``."""
+#: the PyTorch system whose tuned best test AUC is each family's target
+TARGET_SYSTEM = {"LR": "torch_lr", "LR-fit": "torch_lr", "lbfgs": "torch_lr",
+                 "FM": "torch_fm", "FM-fit": "torch_fm"}
+#: the family's fallback target without PyTorch: scikit-learn's optimum
+FALLBACK_TARGET = {"LR": "sk_lr", "LR-fit": "sk_lr", "lbfgs": "sk_lr"}
+
+
+def time_to_auc(curve, target):
+    """The first time (``time_s``, setup included) at which a curve's test
+    AUC is at least ``target``; inf if it never is; None without a target
+    or a curve."""
     if target is None or not curve:
         return None
     for pt in curve:
-        lo = pt.get("test_logloss")
-        if lo is not None and lo <= target:
+        auc = pt.get("test_auc")
+        if auc is not None and math.isfinite(auc) and auc >= target:
             return float(pt["time_s"])
     return math.inf
 
 
+def targets(systems):
+    """``{family: (target AUC, from)}``: the tuned PyTorch baseline's best
+    test AUC (for LR without PyTorch: scikit-learn LogisticRegression's)."""
+    out = {}
+    for fam, sid in TARGET_SYSTEM.items():
+        r = systems.get(sid, {})
+        auc = r.get("best_auc", r.get("test_auc"))
+        if not _finite(auc) and fam in FALLBACK_TARGET:
+            sid = FALLBACK_TARGET[fam]
+            auc = systems.get(sid, {}).get("test_auc")
+        if _finite(auc):
+            out[fam] = (float(auc), sid)
+    return out
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def ratio(peer, ours):
+    """``peer / ours`` of two times (how many times faster ours is), or
+    None where either is missing; inf / inf is None (neither got there)."""
+    if not (isinstance(peer, (int, float)) and isinstance(ours, (int, float))):
+        return None
+    if ours <= 0 or (math.isinf(peer) and math.isinf(ours)):
+        return None
+    return float(peer / ours)
+
+
 def derive(entry):
-    """A dataset's target logloss, times to it, rates and ratios; scikit-learn's
+    """A dataset's targets, times to them, rates and ratios; scikit-learn's
     lbfgs against ours on the same rows."""
     systems, info = entry["systems"], entry["info"]
-    target, by = None, None
-    for sid in ("sk_lr", "est_lr_lbfgs"):
-        lo = systems.get(sid, {}).get("test_logloss")
-        if lo is not None and math.isfinite(lo):
-            target, by = lo * TARGET_SLACK, sid
-            break
-    entry["target_logloss"], entry["target_from"] = target, by
+    tg = targets(systems)
+    entry["targets"] = {f: {"auc": a, "from": s} for f, (a, s) in tg.items()}
     for r in systems.values():
-        if "curve" in r and target is not None:
-            r["time_to_target_s"] = time_to_target(r["curve"], target)
+        fam = r.get("family")
+        if "curve" in r and fam in tg:
+            r["target_auc"] = tg[fam][0]
+            r["time_to_target_s"] = time_to_auc(r["curve"], tg[fam][0])
         if r.get("epoch_ms") and r.get("rows"):
             r["samples_per_s"] = r["rows"] / (r["epoch_ms"] / 1e3)
             r["ms_per_mrow"] = r["epoch_ms"] / r["rows"] * 1e6
             if info.get("floor_ms") and r["rows"] == info["rows"]:
                 r["x_floor"] = r["epoch_ms"] / info["floor_ms"]
+        if r.get("fit_s") and r.get("rows"):
+            r["fit_samples_per_s"] = r["rows"] * (r.get("n_iter") or r.get("epochs") or 1) \
+                / r["fit_s"]
     refs = {"LR": systems.get("ours_lr_adagrad"),
             "FM": systems.get("ours_fm") or systems.get("ours_fm_reg")}
     for r in systems.values():
         ref = refs.get(r.get("family"))
         if ref and ref.get("ms_per_mrow") and r.get("ms_per_mrow"):
             r["x_ours"] = r["ms_per_mrow"] / ref["ms_per_mrow"]
+    # the ratio columns: the tuned PyTorch baseline's time over each system's
+    for r in systems.values():
+        peer = systems.get(TARGET_SYSTEM.get(r.get("family"), ""), {})
+        if peer and "error" not in peer and "skipped" not in peer:
+            if peer.get("fit_s") and r.get("fit_s") and peer.get("rows") == r.get("rows"):
+                r["x_torch_fit"] = ratio(peer["fit_s"], r["fit_s"])
+            r["x_torch_target"] = ratio(peer.get("time_to_target_s"),
+                                        r.get("time_to_target_s"))
     sk, ours = systems.get("sk_lr", {}), systems.get("est_lr_lbfgs", {})
     if sk.get("fit_s") and ours.get("fit_s") and sk.get("rows") == ours.get("rows"):
         ours["x_sklearn_fit"] = sk["x_ours_fit"] = sk["fit_s"] / ours["fit_s"]
@@ -189,22 +234,82 @@ def _md_floors(res):
             + ". The floor of an epoch is one read of the CSR bytes at the copy bandwidth.", ""]
 
 
-def systems_table(entry):
-    rows = ["| system | rows | epoch ms | samples/s | x ours | fit s | time to target s "
-            "| test AUC | logloss | RMSE | GPU peak MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def _failed_row(label, r, cols):
+    what = ("error: " + r["error"]) if "error" in r else ("skipped: " + r["skipped"])
+    return f"| {label} | {what[:150].replace('|', '/')} " + "|" * cols
+
+
+def _setting(r):
+    """A row's setting, short: PyTorch's chosen one, or ours' solver."""
+    if r.get("optimizer"):
+        return f"{r['optimizer']}, batch {r['batch_size']:,}, rate {r['learning_rate']:g}"
+    st = r.get("settings") or {}
+    return ", ".join(f"{k}={st[k]}" for k in ("solver", "concurrency", "n_factors")
+                     if k in st)
+
+
+def end_to_end_table(entry):
+    """What a user waits for: the fit from a host CSR (every copy
+    included) and the time to the target test AUC, with the tuned PyTorch
+    baseline's times over each system's (above 1: faster than PyTorch)."""
+    rows = ["| system | rows | fit s | samples/s (fit) | time to target s | x PyTorch (fit) "
+            "| x PyTorch (to target) | test AUC | logloss | RMSE | setting |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for sid, r in entry["systems"].items():
         label = r.get("label", sid)
         if "error" in r or "skipped" in r:
-            what = ("error: " + r["error"]) if "error" in r else ("skipped: " + r["skipped"])
-            rows.append(f"| {label} | {what[:150].replace('|', '/')} ||||||||||")
+            if sid.startswith(("est_", "torch_", "sk_")):
+                rows.append(_failed_row(label, r, 10))
+            continue
+        if r.get("fit_s") is None and r.get("time_to_target_s") is None:
+            continue
+        rows.append(
+            f"| {label} | {_f(r.get('rows'), ',')} | {_f(r.get('fit_s'), '.3f')} | "
+            f"{_f(r.get('fit_samples_per_s'), '.3g')} | {_f(r.get('time_to_target_s'), '.3g')} "
+            f"| {_f(r.get('x_torch_fit'), '.2f')} | {_f(r.get('x_torch_target'), '.2f')} | "
+            f"{_f(r.get('test_auc'), '.4f')} | {_f(r.get('test_logloss'), '.4f')} | "
+            f"{_f(r.get('test_rmse'), '.4f')} | {_setting(r)} |")
+    return "\n".join(rows)
+
+
+def epochs_table(entry):
+    """Epoch times with the data resident (kernels; PyTorch and cuSPARSE
+    per epoch), and each system's time per row over ours."""
+    rows = ["| system | rows | epoch ms | samples/s | x ours | first epoch ms | setup s "
+            "| test AUC | GPU peak MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for sid, r in entry["systems"].items():
+        label = r.get("label", sid)
+        if "error" in r or "skipped" in r:
+            if not sid.startswith(("est_", "sk_")):
+                rows.append(_failed_row(label, r, 8))
+            continue
+        if not r.get("epoch_ms"):
             continue
         rows.append(
             f"| {label} | {_f(r.get('rows'), ',')} | {_f(r.get('epoch_ms'), '.3f')} | "
             f"{_f(r.get('samples_per_s'), '.3g')} | {_f(r.get('x_ours'), '.2f')} | "
-            f"{_f(r.get('fit_s'), '.2f')} | {_f(r.get('time_to_target_s'), '.3g')} | "
-            f"{_f(r.get('test_auc'), '.4f')} | {_f(r.get('test_logloss'), '.4f')} | "
-            f"{_f(r.get('test_rmse'), '.4f')} | {_f(_mib(r.get('gpu_peak_bytes')), '.0f')} |")
+            f"{_f(r.get('first_epoch_ms'), '.2f')} | {_f(r.get('setup_s'), '.2f')} | "
+            f"{_f(r.get('test_auc'), '.4f')} | {_f(_mib(r.get('gpu_peak_bytes')), '.0f')} |")
+    return "\n".join(rows)
+
+
+def torch_grid_table(r):
+    """A PyTorch baseline's grid: every setting tried, the chosen one marked."""
+    grid = r.get("grid") or []
+    if not grid:
+        return ""
+    on = r.get("tuned_on") or {}
+    rows = [f"{r.get('label', 'PyTorch')}: the grid (tuned on {_f(on.get('rows'), ',')} rows, "
+            f"{on.get('epochs', '?')} epoch(s); best test AUC, ties within 1e-4 by the time "
+            "to it)", "",
+            "| optimizer | batch | rate | best test AUC | time to it s | epoch ms | chosen |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for i, t in enumerate(grid):
+        rows.append(f"| {t.get('optimizer')} | {_f(t.get('batch_size'), ',')} | "
+                    f"{_f(t.get('learning_rate'), 'g')} | {_f(t.get('best_auc'), '.4f')} | "
+                    f"{_f(t.get('time_to_best_s'), '.3g')} | {_f(t.get('epoch_ms'), '.1f')} | "
+                    f"{'yes' if i == r.get('grid_best') else ''} |")
     return "\n".join(rows)
 
 
@@ -227,10 +332,17 @@ def _md_systems(res, part, title):
               f"{i['csr_bytes'] / 2**20:.1f} MiB"
               + (f"; floor {i['floor_ms']:.3f} ms" if "floor_ms" in i else "")
               + (f"; host->device {i['h2d_ms']:.1f} ms" if "h2d_ms" in i else "")
-              + (f"; target logloss {entry['target_logloss']:.5f} (from "
-                 f"{entry['target_from']} + {TARGET_SLACK - 1:.0%})"
-                 if entry.get("target_logloss") else ""), "",
-              systems_table(entry), ""]
+              + "".join(f"; target AUC {fam} {t['auc']:.4f} (from {t['from']})"
+                        for fam, t in (entry.get("targets") or {}).items()
+                        if fam in ("LR", "FM")), "",
+              "End to end (from a scipy CSR in host memory, every copy included):", "",
+              end_to_end_table(entry), "",
+              "Epoch times (data resident on the device):", "",
+              epochs_table(entry), ""]
+        for sid in ("torch_lr", "torch_fm"):
+            g = torch_grid_table(entry["systems"].get(sid, {}))
+            if g:
+                L += [g, ""]
     if part == "real":
         L += _md_real_summary(block)
         info = res.get("real_info") or {}
@@ -263,6 +375,38 @@ def _md_real_summary(block):
             cells.append(_f(v, ".4f") if v is not None else ("err" if "error" in r else "-"))
         ep = e["systems"].get("ours_lr_adagrad", e["systems"].get("ours_fm_reg", {}))
         L.append(f"| {name} | " + " | ".join(cells) + f" | {_f(ep.get('epoch_ms'), '.3f')} |")
+    return L + [""]
+
+
+def _md_startup(res):
+    st = res.get("startup")
+    if not st:
+        return []
+    if "models" not in st:
+        return ["## Start-up", "", f"The part failed: {st.get('error')}", ""]
+    L = ["## Start-up: the first fit of a fresh process", "",
+         f"{st['rows']:,} rows; each figure from its own process. Cold: CuPy's kernel cache "
+         f"empty (target {st['cold_target_s']:g} s); warm cache: the next process, the cache "
+         f"the cold one filled (target: at most {st['warm_over_target_s']:g} s over the warm "
+         "fit); warm fit: a second fit in the same process. Kernels: the seconds the first "
+         "fit's verbose lines give to compiling (or loading) our kernels; modules compiled: "
+         "CuPy's cache entries written by the process, ours and CuPy's own kernels.", "",
+         "| model | cold first fit s | kernels s | modules compiled (ours / CuPy) | warm cache "
+         "first fit s | over warm s | warm fit s | import s | targets met |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for mid, r in st["models"].items():
+        label = r.get("label", mid)
+        if "cold_first_fit_s" not in r:
+            what = r.get("error") or r.get("skipped") or "?"
+            L.append(f"| {label} | {what[:150].replace('|', '/')} ||||||||")
+            continue
+        m = r.get("modules_compiled_cold") or {}
+        L.append(f"| {label} | {r['cold_first_fit_s']:.2f} | {r['cold_kernels_s']:.2f} | "
+                 f"{m.get('ours', '-')} / {m.get('cupy', '-')} | "
+                 f"{r['warm_cache_first_fit_s']:.3f} | {r['warm_cache_over_warm_s']:.3f} | "
+                 f"{r['warm_fit_s']:.3f} | {r['import_s']:.2f} | "
+                 f"cold {'yes' if r['cold_ok'] else 'no'}, warm cache "
+                 f"{'yes' if r['warm_cache_ok'] else 'no'} |")
     return L + [""]
 
 
@@ -335,7 +479,7 @@ def _md_tail(res):
 def write_markdown(res, path):
     """results.md; a section that cannot be written says so, the others still are."""
     L = []
-    for fn, a in ((_md_header, ()), (_md_floors, ()),
+    for fn, a in ((_md_header, ()), (_md_floors, ()), (_md_startup, ()),
                   (_md_systems, ("systems", "Systems side by side (synthetic data)")),
                   (_md_systems, ("real", "Systems side by side (real datasets)")),
                   (_md_ablation, ()), (_md_scaling, ()), (_md_tail, ())):
@@ -486,10 +630,13 @@ def short_table(res):
     for name, entry in entries(res.get("systems")).items():
         if not entry.get("main"):
             continue
+        tg = ", ".join(f"{fam} {t['auc']:.4f}" for fam, t in (entry.get("targets") or {}).items()
+                       if fam in ("LR", "FM"))
         out.append(f"\n{name} (epoch floor {_f(entry['info'].get('floor_ms'), '.3f')} ms; "
-                   f"target logloss {_f(entry.get('target_logloss'), '.4f')})")
+                   f"target test AUC {tg or '-'})")
         out.append(f"{'system':48s} {'epoch ms':>10s} {'x ours':>7s} {'fit s':>7s} "
-                   f"{'t->tgt s':>8s} {'AUC':>7s} {'logloss':>8s} {'GPU MiB':>8s}")
+                   f"{'t->tgt s':>8s} {'xPT fit':>7s} {'xPT tgt':>7s} {'AUC':>7s} "
+                   f"{'GPU MiB':>8s}")
         for sid, r in entry["systems"].items():
             label = r.get("label", sid)[:48]
             if "error" in r or "skipped" in r:
@@ -499,9 +646,19 @@ def short_table(res):
             out.append(f"{label:48s} {_f(r.get('epoch_ms'), '10.3f'):>10s} "
                        f"{_f(r.get('x_ours'), '7.2f'):>7s} {_f(r.get('fit_s'), '7.2f'):>7s} "
                        f"{_f(r.get('time_to_target_s'), '8.3g'):>8s} "
+                       f"{_f(r.get('x_torch_fit'), '7.2f'):>7s} "
+                       f"{_f(r.get('x_torch_target'), '7.2f'):>7s} "
                        f"{_f(r.get('test_auc'), '7.4f'):>7s} "
-                       f"{_f(r.get('test_logloss'), '8.4f'):>8s} "
                        f"{_f(_mib(r.get('gpu_peak_bytes')), '8.0f'):>8s}")
+    st = res.get("startup")
+    if st and st.get("models"):
+        out.append(f"\nstart-up ({st['rows']:,} rows): cold first fit / warm-cache first fit / "
+                   "warm fit, seconds")
+        for mid, r in st["models"].items():
+            out.append(f"  {mid:6s} " + (
+                f"{r['cold_first_fit_s']:.2f} / {r['warm_cache_first_fit_s']:.3f} / "
+                f"{r['warm_fit_s']:.3f}" if "cold_first_fit_s" in r else
+                (r.get("error") or r.get("skipped") or "")[:70]))
     ab = res.get("ablation")
     if ab and ab.get("models"):
         out.append(f"\nablation ({ab['data']}): epoch ms (x flow) / first epoch ms / AUC")

@@ -1,6 +1,7 @@
 """The parts of a run and the command line (``python -m benchmarks``).
 
 Parts (``--parts``, all by default; ``env`` always runs): ``floors``,
+``startup`` (the first fit of a fresh process, kernel cache cold and warm),
 ``systems`` (the Criteo-like synthetic task, and its regression twin),
 ``real`` (every real dataset present), ``ablation`` (the classic schema
 against the flow-based kernel, then each optimisation off; LR and FM) and
@@ -9,6 +10,7 @@ new starts after ``--budget-s``; what is skipped says so.
 """
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -26,10 +28,10 @@ from .configs import (
     LEARNING_RATE,
     PARTS,
     SKIPPABLE,
-    TARGET_SLACK,
-    TORCH_GRID,
+    TORCH_GRIDS,
     make_config,
 )
+from . import startup
 from .data import Data, DataPool, available_datasets, csr_bytes, csr_rows, data_dir, load
 from .data import DATASETS as REAL_DATASETS
 from .systems import (
@@ -242,6 +244,29 @@ def finish(ctx, res, jobs):
 
 
 # --------------------------------------------------------------------------
+# start-up
+# --------------------------------------------------------------------------
+def part_startup(ctx):
+    """Each model's first fit in a fresh process, CuPy's kernel cache empty
+    and then warm (:mod:`benchmarks.startup`)."""
+    out = {"rows": ctx.cfg["startup_rows"], "cold_target_s": startup.COLD_TARGET_S,
+           "warm_over_target_s": startup.WARM_OVER_TARGET_S, "models": {}}
+    for mid, label, _ in (m for m in startup.MODELS if m[0] in ctx.cfg["startup_models"]):
+        def one(mid=mid):
+            ctx.check_budget()
+            return startup.measure(mid, ctx.cfg["startup_rows"], ctx.device)
+
+        rec = ctx.run(f"startup {mid}", one)
+        rec["label"] = label
+        out["models"][mid] = rec
+        log(f"  {label:48s} " + (
+            f"cold {rec['cold_first_fit_s']:.2f} s, warm cache {rec['warm_cache_first_fit_s']:.2f}"
+            f" s, warm {rec['warm_fit_s']:.3f} s" if "cold_first_fit_s" in rec else
+            (rec.get("error") or rec.get("skipped", ""))[:100]))
+    return out
+
+
+# --------------------------------------------------------------------------
 # ablation and scaling
 # --------------------------------------------------------------------------
 ABLATION = [  # id, time_epochs variant, label
@@ -361,8 +386,12 @@ def parse_args(argv):
     ap.add_argument("--systems-data", default=None,
                     help="synthetic datasets of the systems part, ROWSxLOG2FEATURES,...")
     ap.add_argument("--scale-rows", default=None, help="rows of the rows sweep, comma list")
-    ap.add_argument("--torch-grid", action="store_true",
-                    help="the PyTorch baselines' learning-rate grid (best test logloss)")
+    ap.add_argument("--merge", default=None, metavar="RESULTS_JSON",
+                    help="keep the parts of an earlier results.json that this run does not "
+                         "run (a full run split over several calls)")
+    ap.add_argument("--torch-grid", choices=sorted(TORCH_GRIDS), default=None,
+                    help="the PyTorch baselines' grid, the best test AUC reported (default: "
+                         "full on --gpu, small otherwise)")
     args = ap.parse_args(argv)
     args.mode = "gpu" if args.gpu else "cpu" if args.cpu else (
         "gpu" if gpu_available() else "cpu")
@@ -415,13 +444,66 @@ def _notes(cfg, sk_workers):
            if sk_workers else "") + ".",
         "x ours: a system's time per row of an epoch over ours (LR: ours LR adagrad; FM: ours FM "
         "adagrad concurrency=max); above 1 is slower than ours.",
-        "time to target: setup plus training time until the test logloss first reaches "
-        f"scikit-learn LogisticRegression's x {TARGET_SLACK} (inf: never within the epochs run; "
-        "fit-only systems: the whole fit, when its final logloss reaches it).",
+        "End to end: fit s is the wall-clock from a scipy CSR in host memory to the fitted "
+        "model, every copy included (ours: fit(); PyTorch: the model, the copy of the train "
+        "and test CSR to the device and the epochs, the per-epoch evaluation excluded). Time "
+        "to target: the setup plus training time at which a system's per-epoch test AUC first "
+        "reaches the target, the tuned PyTorch baseline's best test AUC (LR without PyTorch: "
+        "scikit-learn LogisticRegression's); ours (epochs) rows time the setup on the wall "
+        "clock and the epochs with CUDA events; fit-only rows reach it with their final model "
+        "or not at all (inf). x PyTorch: the tuned PyTorch baseline's time over the row's "
+        "(above 1: faster than PyTorch).",
+        "PyTorch: " + _torch_note(cfg.get("torch_grid")),
         "GPU peak: cupy memory-pool bytes during the run (the layout included); PyTorch: "
         "torch.cuda.max_memory_allocated. cuSPARSE: timed over a capped number of mini-batches "
         "and scaled to an epoch. The PyTorch FM needs fixed-length rows.",
     ]
+
+
+#: the parts a results.json holds, by key
+PART_KEYS = {"floors": ("floors",), "startup": ("startup",), "systems": ("systems",),
+             "real": ("real", "real_info"), "ablation": ("ablation",),
+             "scaling": ("scaling",)}
+
+
+def merge_results(res, earlier, parts):
+    """Into ``res``, the parts of an ``earlier`` run's results that this run
+    did not run (their timings and notes with them); the environment of the
+    earlier run is kept as ``env_merged``."""
+    merged = []
+    for part, keys in PART_KEYS.items():
+        if part in parts or not any(k in earlier for k in keys):
+            continue
+        for k in keys:
+            if k in earlier:
+                res[k] = earlier[k]
+        if part in earlier.get("timings", {}):
+            res["timings"][part] = earlier["timings"][part]
+        merged.append(part)
+    for k in ("compile_s", "data_generated"):
+        res[k] = {**earlier.get(k, {}), **res.get(k, {})}
+    res["notes"] = res["notes"] + [n for n in earlier.get("notes", []) if n not in res["notes"]]
+    res["env_merged"] = dict(earlier.get("env") or {}, parts=merged)
+    if merged:
+        res["notes"].append(f"Parts {', '.join(merged)} are those of an earlier run (commit "
+                            f"{res['env_merged'].get('git_commit')}, "
+                            f"{res['env_merged'].get('date_utc')}), merged.")
+    return merged
+
+
+def _torch_note(grid):
+    if not grid:
+        return "Adagrad, batch 1024, rate 0.05 (no grid)."
+    rates = grid["learning_rates"]
+    rates = "; ".join(f"{o} {', '.join(f'{r:g}' for r in rates[o])}" for o in rates) \
+        if isinstance(rates, dict) else ", ".join(f"{r:g}" for r in rates)
+    on = (f"{grid['tune_rows']:,} rows" if grid.get("tune_rows") else "all rows") + ", " + (
+        f"{grid['tune_epochs']} epoch(s)" if grid.get("tune_epochs") else "all epochs")
+    return (f"the '{grid.get('name', '?')}' grid per data set: optimizers "
+            f"{', '.join(grid['optimizers'])}, batch sizes "
+            f"{', '.join(f'{b:,}' for b in grid['batch_sizes'])}, rates {rates}; every setting "
+            f"tuned on {on}; the best test AUC (ties within 1e-4: the fastest to it) is "
+            "trained again on the whole data set when tuned on less, and that run is reported.")
 
 
 def main(argv=None):
@@ -438,7 +520,7 @@ def main(argv=None):
         args.mode, args.smoke, systems_data=systems_data, budget_s=args.budget_s,
         sk_workers=args.sk_workers, real_max_rows=args.real_max_rows,
         scale_rows=[int(float(v)) for v in args.scale_rows.split(",")] if args.scale_rows
-        else None, torch_grid=TORCH_GRID if args.torch_grid else None)
+        else None, torch_grid=args.torch_grid)
     cfg.update(parts=args.parts, skip=args.skip)
     warnings.simplefilter("ignore")
     out_dir = Path(args.out)
@@ -463,6 +545,7 @@ def main(argv=None):
 
     res["env"] = part("env", part_env, ctx, argv)
     fl = res["floors"] = part("floors", floors, ctx)
+    res["startup"] = part("startup", part_startup, ctx)
     fl = None if fl is None or "error" in fl else fl
     pool = DataPool(cfg["test_rows"], log=log)
     plan_data(pool, cfg, args.parts, args.skip)
@@ -480,12 +563,14 @@ def main(argv=None):
         part("finish", finish, ctx, res, jobs)
     finally:
         jobs.close(kill=ctx.left() + 30 <= 0)
-    for key in ("floors", "systems", "real", "real_info", "ablation", "scaling"):
+    for key in ("floors", "startup", "systems", "real", "real_info", "ablation", "scaling"):
         if res.get(key) is None:
             res.pop(key, None)
     res["compile_s"] = ctx.compile_s
     res["data_generated"] = pool.generated
     res["notes"] += ctx.notes + _notes(cfg, cfg["sk_workers"])
+    if args.merge:
+        merge_results(res, json.loads(Path(args.merge).read_text()), args.parts)
     if "plots" not in args.skip:
         try:
             made = report.make_plots(res, out_dir)

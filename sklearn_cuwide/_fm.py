@@ -426,6 +426,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             commit(self, {"classes_": classes, "device_": device_,
                           **self._fitted_attrs(results, partial=False)})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -471,6 +472,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             )
             commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     @staticmethod
@@ -615,6 +617,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             )
             commit(self, {"device_": device_, **self._fitted_attrs(results, partial=False)})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -650,6 +653,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             )
             commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     @staticmethod

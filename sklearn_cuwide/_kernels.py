@@ -1,22 +1,190 @@
-"""Loading the CUDA C sources of ``cuda/`` through ``cupy.RawModule``.
+"""Which kernel instantiations a fit runs, and loading them from the CUDA C
+sources of ``cuda/`` through ``cupy.RawModule``.
 
-Sources are compiled by NVRTC at first use (never at import), one template
-instantiation at a time (``name_expressions``), and memoised per device.
+Two halves:
+
+* **names** (plain Python, no cupy): the template instantiation a launch
+  needs, as a ``name_expression``, derived from the fit's parameters (the
+  model, its outputs and factors, the solver, the loss) and, for the training
+  kernel, the thread blocks per worker of each launch of an epoch
+  (:func:`launch_plan`, :func:`epoch_instantiations`).  The CPU tests check
+  these names against the sources.
+* **modules** (cupy, imported only when a kernel is asked for): every
+  instantiation is its own ``RawModule`` holding that one name expression,
+  compiled by NVRTC at first use (never at import) and memoised per device
+  and per instantiation; :func:`get_kernels` compiles the ones an epoch
+  will launch together, in threads (NVRTC releases the GIL).  CuPy's
+  on-disk cache keeps the compiled modules between processes; the source
+  handed to it has its ``cuda/`` headers inlined, so that the cache's key
+  (the source text and the options) changes when a header does.
+
 The sources are looked up inside the installed package
 (``sklearn_cuwide/cuda/``, where the wheel puts them) and then in the source
 tree's top-level ``cuda/``.
 """
 
+import re
 import threading
+import time
 from pathlib import Path
 
-__all__ = ["source_dir", "get_kernel", "kernel_name"]
+from ._backends import _concurrency
 
-_CACHE = {}
-_LOCK = threading.Lock()
+__all__ = [
+    "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
+    "train_instantiation", "launch_plan", "epoch_instantiations", "predict_instantiation",
+    "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
+    "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
+]
+
 NVRTC_OPTIONS = ("-std=c++17",)
 
+# --------------------------------------------------------------------------
+# names (no cupy)
+# --------------------------------------------------------------------------
+#: the enums of ``cuda/cuwide_common.cuh`` the templates take
+MODEL = {"linear": "cuwide::LINEAR", "fm": "cuwide::FM"}
+LOSS = {
+    "logistic": "cuwide::LOGISTIC",
+    "multinomial": "cuwide::MULTINOMIAL",
+    "squared": "cuwide::SQUARED",
+}
+SOLVER = {"sgd": "cuwide::SGD", "adagrad": "cuwide::ADAGRAD"}
+#: the ablation variants of the training kernel (``cuwide::Variant``): None
+#: is the estimators' kernel
+VARIANTS = {
+    "no_replicas": "cuwide::NO_REPLICAS",
+    "global_accumulators": "cuwide::GLOBAL_ACCUMULATORS",
+}
+#: the C type of a numpy dtype's name, for the kernels' type arguments
+CTYPE = {"int32": "int", "int64": "long long", "float32": "float", "float64": "double"}
 
+
+def kernel_name(name, *template_args):
+    """``name<a, b, ...>`` as NVRTC's name_expressions want it."""
+    if not template_args:
+        return name
+    return f"{name}<{', '.join(str(a) for a in template_args)}>"
+
+
+def train_instantiation(model, n_outputs, n_factors, solver, loss, cluster=1, variant=None):
+    """The training kernel's name expression (``cuda/cuwide_train.cu``).
+
+    ``cuwide_train<MODEL, NOUT, NF, SOLVER, LOSS>`` with one thread block
+    per worker, ``cuwide_train_cluster<..., CL>`` with clusters of
+    ``cluster`` blocks; ``variant`` (a key of :data:`VARIANTS`) the
+    ablation's ``cuwide_train_ablation[_cluster]``.  An FM has one output
+    and ``n_factors`` factors, logistic regression ``n_outputs`` outputs and
+    no factors.
+    """
+    if model not in MODEL or solver not in SOLVER or loss not in LOSS:
+        raise ValueError(f"no training kernel for model={model!r}, solver={solver!r}, "
+                         f"loss={loss!r}")
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)} or None, got {variant!r}")
+    args = [MODEL[model], 1 if model == "fm" else int(n_outputs),
+            int(n_factors) if model == "fm" else 0, SOLVER[solver], LOSS[loss]]
+    name = "cuwide_train" if variant is None else "cuwide_train_ablation"
+    if int(cluster) > 1:
+        name, args = name + "_cluster", args + [int(cluster)]
+    if variant is not None:
+        args.append(VARIANTS[variant])
+    return kernel_name(name, *args)
+
+
+def launch_plan(chunk_batches, grid, ramp):
+    """The launches of one epoch: ``[(chunk, n_batches, workers), ...]`` in
+    order.
+
+    ``chunk_batches``: the mini-batches the epoch trains from each chunk of
+    the layout, in the order the chunks are visited (one entry for a
+    resident layout); ``grid``: the epoch's workers; ``ramp``: the first
+    epoch's warm-up (:func:`~sklearn_cuwide._backends._concurrency.ramp_stages`),
+    whose stages are consumed by the first launches, across chunks.  A
+    launch runs ``min(workers, n_batches)`` workers.
+    """
+    stages = _concurrency.ramp_stages(ramp, grid)
+    plan = []
+    for c, n in enumerate(chunk_batches):
+        n = int(n)
+        while stages and n:
+            P, cnt = stages[0]
+            take = min(cnt, n)
+            plan.append((c, take, P))
+            n -= take
+            if take == cnt:
+                stages.pop(0)
+            else:
+                stages[0] = (P, cnt - take)
+        if n:
+            plan.append((c, n, int(grid)))
+    return plan
+
+
+def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_batches, grid,
+                         ramp, slots, cluster_sizes, cluster=None, variant=None,
+                         and_later=False):
+    """The training kernels one epoch launches, by thread blocks per worker:
+    ``{cluster: name_expression}``.
+
+    Each launch of :func:`launch_plan` runs ``min(workers, n_batches)``
+    workers of ``cluster`` blocks (None:
+    :func:`~sklearn_cuwide._backends._concurrency.cluster_for` them on a
+    device that runs ``slots`` blocks at once, with ``cluster_sizes``).
+    ``and_later``: with them, those of the same epoch without the warm-up
+    (the epochs after a first one that warms up).
+    """
+    out = {}
+    plan = launch_plan(chunk_batches, grid, ramp)
+    if and_later and ramp:
+        plan += launch_plan(chunk_batches, grid, 0)
+    for _, n, P in plan:
+        g = min(int(P), int(n))
+        cl = int(cluster) if cluster is not None else _concurrency.cluster_for(
+            g, slots, cluster_sizes)
+        if cl not in out:
+            out[cl] = train_instantiation(model, n_outputs, n_factors, solver, loss, cl,
+                                          variant)
+    return out
+
+
+def predict_instantiation(indptr_dtype, indices_dtype, data_dtype, model, n_outputs,
+                          n_factors):
+    """The predict kernel's name expression (``cuda/cuwide_predict.cu``):
+    ``cuwide_predict<IPT, IDX, T, MODEL, NOUT, NF>`` (dtypes by name, e.g.
+    ``"int32"``; an FM has one output)."""
+    return kernel_name(
+        "cuwide_predict", CTYPE[str(indptr_dtype)], CTYPE[str(indices_dtype)],
+        CTYPE[str(data_dtype)], MODEL[model], 1 if model == "fm" else int(n_outputs),
+        int(n_factors) if model == "fm" else 0)
+
+
+def lbfgs_instantiations(indices_dtype, data_dtype):
+    """The fused L-BFGS objective's two kernels (``cuda/cuwide_lbfgs.cu``):
+    ``(forward, backward)`` name expressions for a CSR of these dtypes."""
+    targs = (CTYPE[str(indices_dtype)], CTYPE[str(data_dtype)])
+    return (kernel_name("cuwide_lbfgs_logistic_forward", *targs),
+            kernel_name("cuwide_lbfgs_logistic_backward", *targs))
+
+
+def lbfgs_memory_instantiation(name, n_rows):
+    """``cuwide_lbfgs_gram<NB>`` or ``cuwide_lbfgs_direction<NB>`` for the
+    ``n_rows`` stored vectors of L-BFGS (``2 m``: one value per fit)."""
+    if name not in ("cuwide_lbfgs_gram", "cuwide_lbfgs_direction"):
+        raise ValueError(f"no L-BFGS memory kernel {name!r}")
+    return kernel_name(name, int(n_rows))
+
+
+def classic_instantiation(model, n_factors, solver, loss):
+    """The classic schema's kernel (``cuda/cuwide_classic.cu``, the
+    benchmarks' ablation): ``cuwide_classic<MODEL, NF, SOLVER, LOSS>``."""
+    return kernel_name("cuwide_classic", MODEL[model], int(n_factors), SOLVER[solver],
+                       LOSS[loss])
+
+
+# --------------------------------------------------------------------------
+# sources
+# --------------------------------------------------------------------------
 def source_dir():
     """Folder that holds the ``.cu`` / ``.cuh`` sources."""
     here = Path(__file__).resolve().parent
@@ -30,32 +198,97 @@ def source_dir():
     )
 
 
-def kernel_name(name, *template_args):
-    """``name<a, b, ...>`` as NVRTC's name_expressions want it."""
-    if not template_args:
-        return name
-    return f"{name}<{', '.join(str(a) for a in template_args)}>"
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$", re.MULTILINE)
+
+
+def source_text(filename, directory=None):
+    """The source of ``filename`` with the ``#include "..."`` of its folder's
+    files inlined (each once: they are ``#pragma once``).
+
+    CuPy's on-disk cache is keyed by the source text, not by the headers it
+    includes: inlined, a changed header is a new key, not a stale module.
+    """
+    d = Path(directory) if directory is not None else source_dir()
+    seen = set()
+
+    def expand(name):
+        text = (d / name).read_text()
+
+        def sub(m):
+            inc = m.group(1)
+            if not (d / inc).is_file():
+                return m.group(0)  # not ours: left to the compiler
+            if inc in seen:
+                return f"// {inc}: inlined above"
+            seen.add(inc)
+            body = _PRAGMA_ONCE.sub("", expand(inc))
+            return f"// ---- {inc} (inlined) ----\n{body}\n// ---- end of {inc} ----"
+
+        return _INCLUDE.sub(sub, text)
+
+    return expand(filename)
+
+
+# --------------------------------------------------------------------------
+# modules (cupy)
+# --------------------------------------------------------------------------
+_CACHE = {}  # (device, filename, name_expression) -> cupy.RawKernel
+_SOURCES = {}  # filename -> source text (read once per process)
+_LOCK = threading.Lock()
+_COMPILE = {"seconds": 0.0, "modules": 0}
+
+
+def compile_seconds():
+    """Wall-clock seconds this process spent getting kernel modules (NVRTC
+    compilation, or a load from CuPy's on-disk cache), and how many: a
+    ``(seconds, modules)`` pair that only grows."""
+    return _COMPILE["seconds"], _COMPILE["modules"]
+
+
+def _module_kernel(cupy, dev, filename, name_expression):
+    """One instantiation's RawModule and its kernel, built on device ``dev``
+    (compiled here, or loaded from CuPy's cache)."""
+    with cupy.cuda.Device(dev):
+        mod = cupy.RawModule(code=_SOURCES[filename], options=NVRTC_OPTIONS,
+                             name_expressions=[name_expression])
+        return mod.get_function(name_expression)
+
+
+def get_kernels(filename, name_expressions):
+    """The compiled ``cupy.RawKernel`` of each name expression (a list, in
+    order), on the current device.
+
+    Those not yet memoised are built at once, one module each, in threads:
+    the instantiations an epoch launches cost the time of the slowest, not
+    their sum.
+    """
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    keys = [(dev, filename, e) for e in name_expressions]
+    if all(k in _CACHE for k in keys):
+        return [_CACHE[k] for k in keys]
+    with _LOCK:
+        missing = list(dict.fromkeys(k for k in keys if k not in _CACHE))
+        if missing:
+            if filename not in _SOURCES:
+                _SOURCES[filename] = source_text(filename)
+            t0 = time.perf_counter()
+            if len(missing) == 1:
+                built = [_module_kernel(cupy, dev, filename, missing[0][2])]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(len(missing)) as pool:
+                    built = list(pool.map(
+                        lambda k: _module_kernel(cupy, dev, filename, k[2]), missing))
+            _COMPILE["seconds"] += time.perf_counter() - t0
+            _COMPILE["modules"] += len(missing)
+            _CACHE.update(zip(missing, built))
+    return [_CACHE[k] for k in keys]
 
 
 def get_kernel(filename, name_expression):
     """The compiled ``cupy.RawKernel`` for one instantiation, on the current device."""
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
-    key = (dev, filename, name_expression)
-    kern = _CACHE.get(key)
-    if kern is not None:
-        return kern
-    with _LOCK:
-        kern = _CACHE.get(key)
-        if kern is None:
-            d = source_dir()
-            code = (d / filename).read_text()
-            mod = cupy.RawModule(
-                code=code,
-                options=NVRTC_OPTIONS + (f"-I{d}",),
-                name_expressions=[name_expression],
-            )
-            kern = mod.get_function(name_expression)
-            _CACHE[key] = kern
-    return kern
+    return get_kernels(filename, [name_expression])[0]

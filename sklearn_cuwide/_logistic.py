@@ -344,6 +344,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                                classes, partial=False, progress=progress)
             commit(self, {"classes_": classes, "device_": device_, **fitted})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     def _check_solver_options(self, C, l1_ratio):
@@ -414,6 +415,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                            classes, partial=True, progress=progress)
             commit(self, {"device_": device_, **fitted})
             self._set_gpu_cache(backend)
+        progress.finish()
         return self
 
     def _warm_arrays(self, n_features, classes, force=False):

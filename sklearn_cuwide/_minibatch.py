@@ -135,6 +135,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         state = warm[k] if warm is not None else init_state(k, t, sample_weight,
                                                            seed_init + k)
         prefix = "" if len(targets) == 1 else f"model {k + 1} of {len(targets)}, "
+        progress.stage(f"{prefix}initial state")
         out, n_iter, curve, _ = fit_minibatch(
             layout, t.astype(COMPUTE_DTYPE), sample_weight, state, params,
             backend=backend, max_iter=schedule.max_iter, tol=schedule.tol,

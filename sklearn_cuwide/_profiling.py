@@ -221,6 +221,8 @@ class _Probe:
         launch compiled (the ramp of the first epoch uses each cluster size)."""
         import scipy.sparse as sp
 
+        from ._kernels import train_instantiation
+
         be, L = self._be, self._layout
         if self._eval_X is not None:
             self._Xe = be.put_csr(sp.csr_matrix(self._eval_X)[:, L.feature_order])
@@ -239,8 +241,9 @@ class _Probe:
         elif gpu is not None:
             k = 0 if state.V is None else int(state.V.shape[1])
             variant = None if self._variant in ("flow", "no_hot_cache") else self._variant
-            for cl in gpu.cluster_sizes():
-                gpu.train_kernel(params, state.n_outputs, k, cl, variant=variant)
+            gpu.get_kernels(gpu.SOURCE, [
+                train_instantiation(params.model, state.n_outputs, k, params.solver,
+                                    params.loss, cl, variant) for cl in gpu.cluster_sizes()])
         self._ready = True
 
     def _rows_of(self, batch_order):
@@ -269,12 +272,14 @@ def _gpu_entry_points():
 
     import cupy as cp
 
+    from . import _kernels
     from ._backends._cuda import _ablation, _runtime, _train
 
     return types.SimpleNamespace(
         run_epoch_classic=_ablation.run_epoch_classic,
         run_epoch_ablation=_ablation.run_epoch_ablation,
-        train_kernel=_train.train_kernel,
+        SOURCE=_train.SOURCE,
+        get_kernels=_kernels.get_kernels,
         cluster_sizes=_runtime.cluster_sizes,
         Event=cp.cuda.Event,
         elapsed_ms=cp.cuda.get_elapsed_time,

@@ -119,7 +119,7 @@ def fit_lbfgs_linear(
 
     def cb(it, f):
         curve.append(f)
-        progress.step(f"Iteration {it}", f"loss {f:.6f}", evaluations[0] * n)
+        progress.iteration(it, f"loss {f:.6f}", evaluations[0] * n)
         evaluations[0] = 0
 
     progress.stage("objective")
@@ -128,6 +128,7 @@ def fit_lbfgs_linear(
         memory_ops=backend.lbfgs_memory_ops(),
     )
     x = np.asarray(backend.to_host(x))
+    progress.stage("coefficients back")
     if not np.isfinite(x).all():
         raise ValueError(
             f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
@@ -274,7 +275,7 @@ def fit_minibatch(
             xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
         )
 
-    progress.stage(f"{log_prefix}initial state")
+    progress.stage(f"{log_prefix}upload")
     # a loss beyond the compute dtype's range is inf where the margins are
     # computed in it (the GPU): diverged on every backend alike
     loss_limit = float(np.finfo(dt).max)
@@ -305,7 +306,7 @@ def fit_minibatch(
             val_curve.append(vl)
             monitored = vl
             msg += f", validation loss {vl:.6f}"
-        label = f"{log_prefix}epoch {n_iter}"
+        label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
         if tol is not None:
             if monitored > best - tol:
@@ -317,6 +318,7 @@ def fit_minibatch(
                 break
     # back to the user's feature order where the state is, then one copy
     out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank), xp))
+    progress.stage(f"{log_prefix}model back")
     bad = [name for name, a in (("coefficients", out.w), ("intercepts", out.b),
                                 ("factors", out.V))
            if a is not None and not np.isfinite(a).all()]

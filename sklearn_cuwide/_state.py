@@ -289,41 +289,112 @@ class ModelState:
 class FitProgress:
     """The ``verbose`` log of one fit, and its clock.
 
-    Made when a fit starts (before its input checks), and handed down to the
-    driver and the solvers: :meth:`stage` ends a setup stage (input checks,
-    the layout, the initial state, ...) and prints its time; :meth:`step`
-    counts an epoch (or an L-BFGS iteration) and prints its line with the
-    samples per second over the wall-clock of the whole fit so far, setup
-    included, which is the rate the user waited for.  With ``verbose=0``
-    nothing is printed.
+    Made when a fit starts (before its input checks) and handed down to the
+    driver and the solvers, it prints one line per stage, each with its own
+    wall-clock time, in the order the fit goes through them:
+
+    * ``Stage: <name> in <t> s`` -- a stage that ends (:meth:`stage`): the
+      input checks, the early-stopping split, the step parameters, the
+      layout, each model's initial state and its upload to the device, and
+      after the epochs the model back on the host and the fitted attributes;
+    * ``Epoch <k> in <t> s: <detail>, <r> samples/s, <T> s since the fit
+      began`` -- an epoch (:meth:`step`), with the samples per second over
+      the wall-clock of the whole fit so far, setup included: the rate the
+      user waited for;
+    * ``Iterations <a>-<b> in <t> s: ...`` -- L-BFGS iterations
+      (:meth:`iteration`), one line per :attr:`every` of them (every one
+      from ``verbose=2``);
+    * ``Fit: <T> s, <n> samples, <r> samples/s`` -- the last line
+      (:meth:`finish`), the whole fit.
+
+    A line whose span compiled kernels (or loaded them from CuPy's cache)
+    says how long that took: ``in <t> s (kernels <c> s)``.  With
+    ``verbose=0`` nothing is printed.
     """
+
+    #: L-BFGS iterations per line at ``verbose=1``
+    ITERATIONS_PER_LINE = 10
 
     def __init__(self, verbose=0):
         self.verbose = int(verbose or 0)
         self.start = time.perf_counter()
         self._mark = self.start
+        self._kernels = _kernel_seconds()
         #: rows processed by the epochs (or objective evaluations) so far
         self.samples = 0
+        #: L-BFGS iterations per printed line
+        self.every = 1 if self.verbose >= 2 else self.ITERATIONS_PER_LINE
+        self._pending = None  # iterations not printed yet: [first, last, detail]
 
     def elapsed(self):
         """Seconds since the fit started."""
         return time.perf_counter() - self.start
 
-    def stage(self, name):
-        """End the setup stage ``name`` (it began where the last one ended)."""
+    def _span(self):
+        """Seconds since the last line, with the kernels' share; starts the next span."""
         now = time.perf_counter()
+        k = _kernel_seconds()
+        span, compiled = now - self._mark, k - self._kernels
+        self._mark, self._kernels = now, k
+        text = f"{span:.3f} s"
+        if compiled > 0:
+            text += f" (kernels {compiled:.3f} s)"
+        return now, text
+
+    def _print(self, line):
         if self.verbose:
-            print(f"Setup: {name} in {now - self._mark:.3f} s", flush=True)
-        self._mark = now
+            print(line, flush=True)
+
+    def _rate(self, now):
+        total = now - self.start
+        rate = self.samples / total if total > 0 else math.inf
+        return f"{rate:,.0f} samples/s, {total:.2f} s since the fit began"
+
+    def stage(self, name):
+        """End the stage ``name`` (it began where the last line's span ended)."""
+        self._flush_iterations()
+        _, span = self._span()
+        self._print(f"Stage: {name} in {span}")
 
     def step(self, label, detail, n_samples):
-        """Count ``n_samples`` rows processed and print ``label: detail``
-        with the fit's samples per second so far."""
+        """Count ``n_samples`` rows processed and print ``label in <t> s:
+        detail`` with the fit's samples per second so far (an epoch)."""
+        self._flush_iterations()
         self.samples += int(n_samples)
-        now = time.perf_counter()
-        self._mark = now
-        if self.verbose:
-            total = now - self.start
-            rate = self.samples / total if total > 0 else math.inf
-            print(f"{label}: {detail}, {rate:,.0f} samples/s, "
-                  f"{total:.2f} s since the fit began", flush=True)
+        now, span = self._span()
+        self._print(f"{label} in {span}: {detail}, {self._rate(now)}")
+
+    def iteration(self, it, detail, n_samples):
+        """Count L-BFGS iteration ``it`` (``n_samples`` rows evaluated);
+        print a line for the iterations since the last one every
+        :attr:`every` iterations (and for the first)."""
+        self.samples += int(n_samples)
+        first = it if self._pending is None else self._pending[0]
+        self._pending = [first, it, detail]
+        if it == 1 or it % self.every == 0:
+            self._flush_iterations()
+
+    def _flush_iterations(self):
+        if self._pending is None:
+            return
+        a, b, detail = self._pending
+        self._pending = None
+        now, span = self._span()
+        what = f"Iteration {b}" if a == b else f"Iterations {a}-{b}"
+        self._print(f"{what} in {span}: {detail}, {self._rate(now)}")
+
+    def finish(self, name="attributes"):
+        """End the last stage (``name``: setting the fitted attributes) and
+        print the whole fit's wall-clock and samples per second."""
+        self.stage(name)
+        total = self.elapsed()
+        rate = self.samples / total if total > 0 else math.inf
+        self._print(f"Fit: {total:.3f} s, {self.samples:,} samples, {rate:,.0f} samples/s")
+
+
+def _kernel_seconds():
+    """Seconds this process spent getting kernel modules so far (0 without
+    the CUDA backend's kernels: nothing imports cupy here)."""
+    from ._kernels import compile_seconds
+
+    return compile_seconds()[0]

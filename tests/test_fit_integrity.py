@@ -509,7 +509,7 @@ class _Clock:
         return self.t
 
 
-_EPOCH = re.compile(r"^(?:Model (\d) of (\d), )?[Ee]poch (\d+): loss [\d.]+"
+_EPOCH = re.compile(r"^(?:Model (\d) of (\d), )?[Ee]poch (\d+)/\d+ in [\d.]+ s: loss [\d.]+"
                     r"(?:, validation loss [\d.]+)?, ([\d,]+) samples/s, "
                     r"([\d.]+) s since the fit began$")
 
@@ -522,13 +522,14 @@ def test_verbose_reports_the_setup_and_the_whole_fits_rate(binary, multiclass, n
     est = _make(name).set_params(verbose=1, tol=None if name.startswith("fm") else 0.0,
                                  max_iter=3, early_stopping=True).fit(X, y)
     lines = capsys.readouterr().out.splitlines()
-    setup = [ln for ln in lines if ln.startswith("Setup: ")]
-    stages = [re.sub(r" in [\d.]+ s$", "", ln[len("Setup: "):]) for ln in setup]
+    setup = [ln for ln in lines if ln.startswith("Stage: ")]
+    stages = [re.sub(r" in [\d.]+ s$", "", ln[len("Stage: "):]) for ln in setup]
     heads = 3 if name == "fm" else 1
     assert stages[:4] == ["input checks", "validation split", "step parameters", "layout"]
     assert len([s for s in stages if s.endswith("initial state")]) == heads
     assert all(ln.endswith(" in 1.000 s") for ln in setup)  # one tick each
-    epochs = [_EPOCH.match(ln) for ln in lines if not ln.startswith("Setup: ")]
+    epochs = [_EPOCH.match(ln) for ln in lines
+              if not ln.startswith(("Stage: ", "Fit: "))]
     assert all(epochs) and len(epochs) == 3 * heads == heads * int(np.ravel(est.n_iter_)[0])
     n_rows = X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
     for k, m in enumerate(epochs, start=1):
@@ -541,12 +542,15 @@ def test_verbose_reports_the_setup_and_the_whole_fits_rate(binary, multiclass, n
 def test_verbose_lbfgs(binary, capsys):
     est = GPULogisticRegression(verbose=1, device="cpu").fit(*binary)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("Setup: input checks in ")
-    assert lines[1].startswith("Setup: objective in ")
-    iters = lines[2:]
-    assert len(iters) == est.n_iter_[0]
-    assert all(re.match(r"^Iteration \d+: loss [\d.]+, [\d,]+ samples/s, [\d.]+ s since "
-                        r"the fit began$", ln) for ln in iters)
+    assert lines[0].startswith("Stage: input checks in ")
+    assert lines[1].startswith("Stage: objective in ")
+    assert lines[-3].startswith("Stage: coefficients back in ")
+    assert lines[-2].startswith("Stage: attributes in ")
+    assert lines[-1].startswith("Fit: ")
+    iters = lines[2:-3]  # the first, then one line per ten iterations
+    assert len(iters) == 1 + -(-(est.n_iter_[0] - 1) // 10)
+    assert all(re.match(r"^Iterations? \d+(-\d+)? in [\d.]+ s: loss [\d.]+, [\d,]+ "
+                        r"samples/s, [\d.]+ s since the fit began$", ln) for ln in iters)
 
 
 def test_not_verbose_prints_nothing(binary, capsys):
@@ -562,9 +566,9 @@ def test_fit_progress_counts_samples_over_the_whole_fit(capsys, monkeypatch):
     p.step("Epoch 1", "loss 0.5", 100)  # t = 3: 100 rows in 2 s
     p.step("Epoch 2", "loss 0.4", 100)  # t = 4: 200 rows in 3 s
     out = capsys.readouterr().out.splitlines()
-    assert out == ["Setup: input checks in 1.000 s",
-                   "Epoch 1: loss 0.5, 50 samples/s, 2.00 s since the fit began",
-                   "Epoch 2: loss 0.4, 67 samples/s, 3.00 s since the fit began"]
+    assert out == ["Stage: input checks in 1.000 s",
+                   "Epoch 1 in 1.000 s: loss 0.5, 50 samples/s, 2.00 s since the fit began",
+                   "Epoch 2 in 1.000 s: loss 0.4, 67 samples/s, 3.00 s since the fit began"]
 
 
 # --------------------------------------------------------------------------
@@ -596,7 +600,9 @@ def test_gpu_interrupted_refit_keeps_the_previous_model(binary, multiclass, monk
     before, P = _snapshot(est), _predict(est, X)
     Xr, yr = _refit_data(name, binary, multiclass)
     with monkeypatch.context() as m:
-        calls = _raise_on_call(m, FitProgress, "step", exc, n=2)
+        # L-BFGS reports its iterations through FitProgress.iteration
+        calls = _raise_on_call(m, FitProgress, "iteration" if name == "lr-lbfgs" else "step",
+                               exc, n=2)
         with pytest.raises(type(exc)):
             est.fit(Xr, yr)
         assert calls[0] == 2

@@ -274,5 +274,7 @@ def test_verbose_one_line_per_epoch(small_binary, capsys):
     epochs = [ln for ln in lines if ln.startswith("Epoch")]
     assert len(epochs) == fm.n_iter_ == 4
     assert all("samples/s" in ln for ln in epochs)
-    # the setup stages come first (tests/test_fit_integrity.py has the rest)
-    assert all(ln.startswith("Setup:") for ln in lines[: len(lines) - 4])
+    # the setup stages come first, then the epochs, then the model back, the
+    # attributes and the whole fit (tests/test_verbose.py has the rest)
+    assert all(ln.startswith("Stage:") for ln in lines[: len(lines) - 7])
+    assert lines[-7:-3] == epochs and lines[-1].startswith("Fit: ")

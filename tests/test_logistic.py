@@ -213,8 +213,10 @@ def test_verbose_prints_one_line_per_epoch(sparse_binary, capsys):
     epochs = [ln for ln in lines if ln.startswith("Epoch")]
     assert len(epochs) == est.n_iter_[0] == 3
     assert all("loss" in ln and "validation" in ln and "samples/s" in ln for ln in epochs)
-    # after the setup stages (tests/test_fit_integrity.py has the rest)
-    assert all(ln.startswith("Setup:") for ln in lines[:-3])
+    # after the setup stages, before the model back, the attributes and the
+    # whole fit (tests/test_verbose.py has the rest)
+    assert all(ln.startswith("Stage:") for ln in lines[:-6])
+    assert lines[-6:-3] == epochs and lines[-1].startswith("Fit: ")
 
 
 # --------------------------------------------------------------------------

@@ -17,9 +17,9 @@ Both flow-based entry points share :func:`._train.run_epoch`'s launcher.
 import cupy as cp
 import numpy as np
 
-from ..._kernels import get_kernel, kernel_name
+from ..._kernels import classic_instantiation, get_kernel
 from ._runtime import NULL, props, put_csr
-from ._train import _LOSS, _MODEL, _SOLVER, VARIANTS, _dense_gw, _epoch, _n_factors
+from ._train import VARIANTS, _dense_gw, _epoch, _n_factors
 
 #: the optimisations :func:`run_epoch_ablation` can leave out:
 #: ``"no_replicas"``, one copy of the hot gradient accumulators instead of
@@ -74,13 +74,7 @@ def run_epoch_classic(X, y, sw, state, params, order_rows, deterministic=False):
     k = _n_factors(state)
     if params.model == "linear" and state.n_outputs != 1:
         raise ValueError("the classic kernel is binary / regression only")
-    expr = kernel_name(
-        "cuwide_classic",
-        _MODEL[params.model],
-        k,
-        _SOLVER[params.solver],
-        _LOSS[params.loss],
-    )
+    expr = classic_instantiation(params.model, k, params.solver, params.loss)
     kern = get_kernel("cuwide_classic.cu", expr)
     rows = cp.asarray(np.asarray(order_rows, dtype=np.int32))
     loss = cp.zeros(1, dtype=cp.float64)

@@ -3,8 +3,13 @@
 import cupy as cp
 import numpy as np
 
-from ..._kernels import get_kernel, kernel_name
-from ._runtime import CTYPE, props, put_csr
+from ..._kernels import (
+    get_kernel,
+    get_kernels,
+    lbfgs_instantiations,
+    lbfgs_memory_instantiation,
+)
+from ._runtime import props, put_csr
 
 
 def matmul(X, W):
@@ -40,9 +45,8 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     n, d = X.shape
     y = cp.ascontiguousarray(y, dtype=cp.float64)
     ws = cp.ascontiguousarray(ws, dtype=cp.float64)
-    targs = (CTYPE[np.dtype(X.indices.dtype)], CTYPE[np.dtype(X.dtype)])
-    fwd = get_kernel("cuwide_lbfgs.cu", kernel_name("cuwide_lbfgs_logistic_forward", *targs))
-    bwd = get_kernel("cuwide_lbfgs.cu", kernel_name("cuwide_lbfgs_logistic_backward", *targs))
+    fwd, bwd = get_kernels("cuwide_lbfgs.cu", list(lbfgs_instantiations(X.indices.dtype,
+                                                                         X.dtype)))
     threads = 256
     cap = 32 * props()["multiProcessorCount"]
     grid_f = (max(1, min(-(-n // (threads // 32)), cap)),)
@@ -84,7 +88,7 @@ class LbfgsMemoryOps:
     threads = 256
 
     def _kernel(self, name, nb):
-        return get_kernel("cuwide_lbfgs.cu", kernel_name(name, nb))
+        return get_kernel("cuwide_lbfgs.cu", lbfgs_memory_instantiation(name, nb))
 
     def _grid(self, n):
         return (max(1, min(-(-n // self.threads), 4 * props()["multiProcessorCount"])),)

@@ -7,9 +7,9 @@ import cupy as cp
 import cupyx.scipy.sparse as cpsp
 import numpy as np
 
-from ..._kernels import get_kernel, kernel_name
+from ..._kernels import get_kernel, predict_instantiation
 from ..._sparse import canonical_csr
-from ._runtime import CTYPE, NULL, put_csr
+from ._runtime import NULL, put_csr
 
 
 def _csr_arrays(X):
@@ -42,18 +42,10 @@ def decision_function(X, w, b, V=None, fit_linear=True, out=None):
         out = cp.empty((n, D), dtype=cp.float32)
     if n == 0:
         return out.astype(cp.float64)
-    model = "cuwide::FM" if V is not None else "cuwide::LINEAR"
     k = 0 if V is None else int(V.shape[1])
     Vd = NULL if V is None else cp.ascontiguousarray(cp.asarray(V, dtype=cp.float32))
-    expr = kernel_name(
-        "cuwide_predict",
-        CTYPE[np.dtype(indptr.dtype)],
-        CTYPE[np.dtype(indices.dtype)],
-        CTYPE[np.dtype(data.dtype)],
-        model,
-        1 if V is not None else D,
-        k,
-    )
+    expr = predict_instantiation(indptr.dtype, indices.dtype, data.dtype,
+                                 "linear" if V is None else "fm", D, k)
     kern = get_kernel("cuwide_predict.cu", expr)
     threads = 256
     blocks = max(1, min(int(math.ceil(n * 32 / threads)), 65535 * 8))

@@ -12,23 +12,13 @@ from :mod:`._ablation`.
 import cupy as cp
 import numpy as np
 
-from ..._kernels import get_kernel, kernel_name
+from ... import _kernels
+from ..._kernels import VARIANTS
 from .. import _concurrency, _tiles
 from ._runtime import NULL, cluster_for, cluster_sizes, default_grid, full_grid
 
-_MODEL = {"linear": "cuwide::LINEAR", "fm": "cuwide::FM"}
-_LOSS = {
-    "logistic": "cuwide::LOGISTIC",
-    "multinomial": "cuwide::MULTINOMIAL",
-    "squared": "cuwide::SQUARED",
-}
-_SOLVER = {"sgd": "cuwide::SGD", "adagrad": "cuwide::ADAGRAD"}
-#: the ablation variants of the kernel (``cuwide::Variant``): None is the
-#: estimators' kernel
-VARIANTS = {
-    "no_replicas": "cuwide::NO_REPLICAS",
-    "global_accumulators": "cuwide::GLOBAL_ACCUMULATORS",
-}
+#: the training kernels' source
+SOURCE = "cuwide_train.cu"
 
 
 def _n_factors(state):
@@ -106,21 +96,22 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
     """The training kernel: ``cuwide_train``, or with ``cluster > 1`` the
     one whose workers are thread block clusters of that many blocks;
     ``variant`` (a key of :data:`VARIANTS`): the ablation kernel with that
-    optimisation off."""
-    model = params.model
-    args = [
-        _MODEL[model],
-        1 if model == "fm" else int(n_outputs),
-        int(n_factors) if model == "fm" else 0,
-        _SOLVER[params.solver],
-        _LOSS[params.loss],
-    ]
-    name = "cuwide_train" if variant is None else "cuwide_train_ablation"
-    if cluster > 1:
-        name, args = name + "_cluster", args + [int(cluster)]
-    if variant is not None:
-        args.append(VARIANTS[variant])
-    return get_kernel("cuwide_train.cu", kernel_name(name, *args))
+    optimisation off (:func:`sklearn_cuwide._kernels.train_instantiation`)."""
+    return _kernels.get_kernel(SOURCE, _kernels.train_instantiation(
+        params.model, n_outputs, n_factors, params.solver, params.loss, cluster, variant))
+
+
+def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cluster=None,
+                  variant=None):
+    """``{cluster: kernel}`` of every launch of an epoch, and of the epochs
+    after a first one that warms up (see
+    :func:`sklearn_cuwide._kernels.epoch_instantiations`), the ones not yet
+    built compiled together."""
+    names = _kernels.epoch_instantiations(
+        params.model, n_outputs, n_factors, params.solver, params.loss,
+        chunk_batches=chunk_batches, grid=grid, ramp=ramp, slots=full_grid(),
+        cluster_sizes=cluster_sizes(), cluster=cluster, variant=variant, and_later=True)
+    return dict(zip(names, _kernels.get_kernels(SOURCE, list(names.values()))))
 
 
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0):
@@ -197,12 +188,6 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
     sb = dl.sample_block
     smem = _tiles.smem_bytes(sb, dl.n_hot, rs, hw, rep, D, acc_in_smem=not acc_global)
 
-    def kernel_of(cl):
-        kern = train_kernel(params, D, k, cl, variant=variant)
-        if smem > kern.max_dynamic_shared_size_bytes:
-            kern.max_dynamic_shared_size_bytes = smem
-        return kern
-
     # a data set of under 2 * MIN_BATCHES_PER_BLOCK mini-batches
     # (_concurrency) is trained strictly in order
     grid = default_grid(dl.n_batches) if workers is None else int(workers)
@@ -244,8 +229,34 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
     # the cap of a capped policy comes from the full grid and holds in the
     # warm-up stages too (their fewer workers are then damped less or not at all)
     cap = _concurrency.staleness_cap(staleness, grid, params.learning_rate)
-    # warm-up stages: (workers, mini-batches), consumed by the first launches
-    stages = _concurrency.ramp_stages(ramp, grid)
+    # what each chunk trains: batch_order's relative order kept inside a
+    # chunk, the chunks visited in the order their first batch appears
+    if dl.resident and dl.uploaded:
+        parts = [batch_order]
+    else:
+        chunk_of = np.empty(dl.n_batches, dtype=np.int64)
+        for c, (a, b) in enumerate(dl.chunks):
+            chunk_of[a:b] = c
+        ch = chunk_of[batch_order]
+        first = {}
+        for c in ch.tolist():
+            first.setdefault(c, len(first))
+        order_chunks = sorted(first, key=first.get)
+        parts = [batch_order[ch == c] for c in order_chunks]
+    # the launches (the warm-up stages first) and every kernel they run,
+    # compiled together before the first
+    plan = _kernels.launch_plan([p.size for p in parts], grid, ramp)
+    kernels = epoch_kernels(params, D, k, [p.size for p in parts], grid, ramp,
+                            cluster=cluster, variant=variant)
+
+    def kernel_of(cl):
+        # the plan names every launch's kernel; one it did not is built here
+        kern = kernels.get(cl)
+        if kern is None:
+            kern = kernels[cl] = train_kernel(params, D, k, cl, variant=variant)
+        if smem > kern.max_dynamic_shared_size_bytes:
+            kern.max_dynamic_shared_size_bytes = smem
+        return kern
 
     def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
@@ -275,32 +286,16 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
         cl = cluster_of(g)
         kernel_of(cl)((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
 
-    def launch(order_np, arrays, base):
-        while stages and order_np.size:
-            P, cnt = stages[0]
-            take = min(cnt, int(order_np.size))
-            launch_one(order_np[:take], arrays, base, P)
-            order_np = order_np[take:]
-            if take == cnt:
-                stages.pop(0)
-            else:
-                stages[0] = (P, cnt - take)
-        if order_np.size:
-            launch_one(order_np, arrays, base, grid)
+    def launch(c, arrays, base):
+        order_np = parts[c]
+        for _, n, P in (x for x in plan if x[0] == c):
+            launch_one(order_np[:n], arrays, base, P)
+            order_np = order_np[n:]
 
     if dl.resident and dl.uploaded:
-        launch(batch_order, (dl.feat, dl.row, dl.val), 0)
+        launch(0, (dl.feat, dl.row, dl.val), 0)
     else:
-        # stream the chunks: keep batch_order's relative order inside each
-        # chunk, visit the chunks in the order their first batch appears
-        chunk_of = np.empty(dl.n_batches, dtype=np.int64)
-        for c, (a, b) in enumerate(dl.chunks):
-            chunk_of[a:b] = c
-        ch = chunk_of[batch_order]
-        first = {}
-        for c in ch.tolist():
-            first.setdefault(c, len(first))
-        order_chunks = sorted(first, key=first.get)
+        position = {c: i for i, c in enumerate(order_chunks)}
         for c, arrays, base in dl.stream_chunks(order_chunks, stream):
-            launch(batch_order[ch == c], arrays, base)
+            launch(position[c], arrays, base)
     return float(loss.get()[0])

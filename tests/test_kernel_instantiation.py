@@ -1,0 +1,381 @@
+"""Which kernel instantiations a fit compiles (``sklearn_cuwide._kernels``):
+derived from the fit's parameters in plain Python, and every name the
+launchers can ask for exists in ``cuda/``.
+
+The names are checked against the sources twice: by parsing the template
+declarations (always), and by compiling the instantiations a few fits ask
+for with nvcc, from the very source text NVRTC gets (where nvcc is on the
+PATH).
+"""
+
+import itertools
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sklearn_cuwide import _kernels
+from sklearn_cuwide._backends import _concurrency
+
+CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
+NVCC = shutil.which("nvcc")
+H200_SLOTS = 264  # 132 multiprocessors, two training blocks each
+HOPPER = _concurrency.CLUSTER_SIZES
+AMPERE = (1,)
+
+
+# --------------------------------------------------------------------------
+# the names, from the parameters
+# --------------------------------------------------------------------------
+def test_names_are_derived_without_cupy():
+    """Choosing the instantiations imports no cupy (the CPU backend, and the
+    CPU tests, never do)."""
+    code = ("import sys; from sklearn_cuwide import _kernels; "
+            "_kernels.epoch_instantiations('fm', 1, 16, 'adagrad', 'logistic', "
+            "chunk_batches=[100], grid=4, ramp=32, slots=264, cluster_sizes=(1, 2, 4, 8)); "
+            "print('cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("linear", 1, 0, "adagrad", "logistic"),
+     "cuwide_train<cuwide::LINEAR, 1, 0, cuwide::ADAGRAD, cuwide::LOGISTIC>"),
+    (("linear", 5, 0, "sgd", "multinomial", 4),
+     "cuwide_train_cluster<cuwide::LINEAR, 5, 0, cuwide::SGD, cuwide::MULTINOMIAL, 4>"),
+    # an FM has one output, whatever it is given; logistic regression no factors
+    (("fm", 3, 16, "adagrad", "logistic", 8),
+     "cuwide_train_cluster<cuwide::FM, 1, 16, cuwide::ADAGRAD, cuwide::LOGISTIC, 8>"),
+    (("linear", 1, 7, "sgd", "squared"),
+     "cuwide_train<cuwide::LINEAR, 1, 0, cuwide::SGD, cuwide::SQUARED>"),
+    (("fm", 1, 128, "sgd", "squared", 1, "no_replicas"),
+     "cuwide_train_ablation<cuwide::FM, 1, 128, cuwide::SGD, cuwide::SQUARED, "
+     "cuwide::NO_REPLICAS>"),
+    (("linear", 1, 0, "adagrad", "logistic", 2, "global_accumulators"),
+     "cuwide_train_ablation_cluster<cuwide::LINEAR, 1, 0, cuwide::ADAGRAD, "
+     "cuwide::LOGISTIC, 2, cuwide::GLOBAL_ACCUMULATORS>"),
+])
+def test_train_instantiation(args, expected):
+    assert _kernels.train_instantiation(*args) == expected
+
+
+def test_train_instantiation_refuses_what_has_no_kernel():
+    with pytest.raises(ValueError, match="no training kernel"):
+        _kernels.train_instantiation("linear", 1, 0, "adam", "logistic")
+    with pytest.raises(ValueError, match="variant"):
+        _kernels.train_instantiation("linear", 1, 0, "sgd", "logistic", variant="fast")
+
+
+def test_predict_instantiation():
+    assert _kernels.predict_instantiation("int32", "int32", "float32", "linear", 3, 0) == \
+        "cuwide_predict<int, int, float, cuwide::LINEAR, 3, 0>"
+    assert _kernels.predict_instantiation("int64", "int64", "float64", "fm", 1, 16) == \
+        "cuwide_predict<long long, long long, double, cuwide::FM, 1, 16>"
+
+
+def _reference_launches(chunk_batches, grid, ramp):
+    """The launches the training launcher made before its plan was a pure
+    function: the warm-up stages consumed chunk by chunk, then the grid."""
+    stages = _concurrency.ramp_stages(ramp, grid)
+    out = []
+    for c, n in enumerate(chunk_batches):
+        while stages and n:
+            P, cnt = stages[0]
+            take = min(cnt, n)
+            out.append((c, take, P))
+            n -= take
+            stages[0] = (P, cnt - take)
+            if stages[0][1] == 0:
+                stages.pop(0)
+        if n:
+            out.append((c, n, grid))
+    return out
+
+
+@pytest.mark.parametrize("chunks, grid, ramp", [
+    ([4000], 264, 8), ([100], 4, 32), ([20], 1, 8), ([4000], 264, 0),
+    ([300, 300, 300, 3000], 264, 8), ([7, 5, 900], 16, 4), ([0, 50], 8, 8), ([], 8, 8),
+])
+def test_launch_plan(chunks, grid, ramp):
+    plan = _kernels.launch_plan(chunks, grid, ramp)
+    assert plan == _reference_launches(chunks, grid, ramp)
+    # every mini-batch is launched once, chunk by chunk, in order
+    for c, n in enumerate(chunks):
+        assert sum(m for cc, m, _ in plan if cc == c) == n
+    assert [c for c, _, _ in plan] == sorted(c for c, _, _ in plan)
+
+
+def test_launch_plan_warms_up_in_doubling_stages():
+    plan = _kernels.launch_plan([10000], 264, 8)
+    assert [(n, P) for _, n, P in plan] == [
+        (8, 1), (16, 2), (32, 4), (64, 8), (128, 16), (256, 32), (512, 64), (1024, 128),
+        (2048, 256), (10000 - 4088, 264)]
+
+
+def _clusters(model, n_batches, concurrency, *, solver="adagrad", warm=False,
+              sizes=HOPPER, slots=H200_SLOTS, chunks=None):
+    grid = _concurrency.blocks(concurrency, model, solver, n_batches, slots)
+    ramp = 0 if warm else _concurrency.default_ramp(model)
+    names = _kernels.epoch_instantiations(
+        model, 1, 16 if model == "fm" else 0, solver, "logistic",
+        chunk_batches=chunks or [n_batches], grid=grid, ramp=ramp, slots=slots,
+        cluster_sizes=sizes)
+    return names
+
+
+@pytest.mark.parametrize("model, n_batches, concurrency, kw, expected", [
+    # LR adagrad on the full grid: the warm-up runs 1..128 workers, as
+    # clusters of 8 up to 33 workers, 4 for 64, 2 for 128, plain blocks for 264
+    ("linear", 3907, "auto", {}, [8, 4, 2, 1]),
+    # a warm start skips the warm-up: plain blocks only
+    ("linear", 3907, "auto", {"warm": True}, [1]),
+    # 20 mini-batches (20k rows): one worker, a cluster of 8
+    ("linear", 20, "auto", {}, [8]),
+    # the FM's "auto" is 4 workers: clusters of 8 throughout
+    ("fm", 3907, "auto", {}, [8]),
+    # the FM's warm-up takes 32 mini-batches per worker: it reaches 256
+    # workers on 20000 mini-batches, not on 3907
+    ("fm", 20000, "max", {}, [8, 4, 2, 1]),
+    ("fm", 3907, "max", {}, [8, 4]),
+    # sgd runs one worker in order
+    ("linear", 3907, "auto", {"solver": "sgd"}, [8]),
+    # before compute capability 9.0 there are no clusters
+    ("linear", 3907, "auto", {"sizes": AMPERE}, [1]),
+    ("fm", 3907, 4, {"sizes": AMPERE}, [1]),
+])
+def test_epoch_instantiations_are_the_launches_clusters(model, n_batches, concurrency, kw,
+                                                        expected):
+    names = _clusters(model, n_batches, concurrency, **kw)
+    assert list(names) == expected
+    solver = kw.get("solver", "adagrad")
+    for cl, name in names.items():
+        assert name == _kernels.train_instantiation(model, 1, 16, solver, "logistic", cl)
+
+
+def test_epoch_instantiations_follow_each_launch():
+    """A launch runs min(workers, its mini-batches) workers: a short last
+    chunk runs fewer workers, so larger clusters."""
+    names = _clusters("linear", 1000, "max", warm=True, chunks=[990, 10])
+    assert list(names) == [4, 8]  # 62 workers (as clusters of 4), then 10 (of 8)
+
+
+def test_and_later_adds_the_epochs_after_the_warm_up():
+    """A first epoch whose warm-up does not reach the grid (3907 mini-batches
+    of an FM on 244 workers) also gets the later epochs' plain blocks."""
+    kw = dict(chunk_batches=[3907], grid=244, ramp=32, slots=H200_SLOTS,
+              cluster_sizes=HOPPER)
+    first = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", **kw)
+    both = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,
+                                         **kw)
+    assert list(first) == [8, 4] and list(both) == [8, 4, 1]
+    # without a warm-up there is nothing to add
+    kw["ramp"] = 0
+    assert _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,
+                                         **kw) == {1: _kernels.train_instantiation(
+                                             "fm", 1, 16, "adagrad", "logistic")}
+
+
+def test_an_explicit_cluster_is_the_only_instantiation():
+    names = _kernels.epoch_instantiations(
+        "linear", 1, 0, "adagrad", "logistic", chunk_batches=[4000], grid=264, ramp=8,
+        slots=H200_SLOTS, cluster_sizes=HOPPER, cluster=2, variant="no_replicas")
+    assert names == {2: _kernels.train_instantiation("linear", 1, 0, "adagrad", "logistic",
+                                                      2, "no_replicas")}
+
+
+# --------------------------------------------------------------------------
+# the names exist in the sources
+# --------------------------------------------------------------------------
+def _templates(filename):
+    """``{kernel: number of template parameters}`` of a source's
+    ``__global__`` function templates."""
+    text = (CUDA_DIR / filename).read_text()
+    out = {}
+    for m in re.finditer(r"template\s*<([^>]*)>\s*__global__\s+void\s+(?:[A-Z_]+\([^)]*\)\s*"
+                         r"|__launch_bounds__\([^)]*\)\s*)*(\w+)\s*\(", text):
+        out[m.group(2)] = len([p for p in m.group(1).split(",") if p.strip()])
+    return out
+
+
+def _enumerators():
+    text = "\n".join(p.read_text() for p in CUDA_DIR.glob("*.cu*"))
+    text = re.sub(r"//[^\n]*", "", text)
+    names = set()
+    for body in re.findall(r"enum\s+\w+\s*\{([^}]*)\}", text):
+        names |= {e.split("=")[0].strip() for e in body.split(",") if e.strip()}
+    return names
+
+
+def _split(expr):
+    name, args = re.fullmatch(r"(\w+)<(.*)>", expr).groups()
+    return name, [a.strip() for a in args.split(",")]
+
+
+def _every_launcher_name():
+    """Every training and predict name expression the launchers can ask
+    for, over the parameters' whole range (the outputs and the factors at
+    a few values: they are plain integers)."""
+    names = set()
+    for model, solver, loss, out, k, cl, var in itertools.product(
+            _kernels.MODEL, _kernels.SOLVER, _kernels.LOSS, (1, 3), (1, 16, 128),
+            (1,) + HOPPER, (None,) + tuple(_kernels.VARIANTS)):
+        names.add(_kernels.train_instantiation(model, out, k, solver, loss, cl, var))
+    for ipt, idx, val, model, out, k in itertools.product(
+            ("int32", "int64"), ("int32", "int64"), ("float32", "float64"), _kernels.MODEL,
+            (1, 3), (4, 16)):
+        names.add(_kernels.predict_instantiation(ipt, idx, val, model, out, k))
+    for idx, val in itertools.product(("int32", "int64"), ("float32", "float64")):
+        names.update(_kernels.lbfgs_instantiations(idx, val))
+    for name in ("cuwide_lbfgs_gram", "cuwide_lbfgs_direction"):
+        names.add(_kernels.lbfgs_memory_instantiation(name, 20))
+    for model, solver, loss in itertools.product(_kernels.MODEL, _kernels.SOLVER,
+                                                 _kernels.LOSS):
+        names.add(_kernels.classic_instantiation(model, 16 if model == "fm" else 0, solver,
+                                                 loss))
+    return names
+
+
+def test_every_launcher_name_matches_a_template_of_the_sources():
+    templates = {}
+    for source in ("cuwide_train.cu", "cuwide_predict.cu", "cuwide_lbfgs.cu",
+                   "cuwide_classic.cu"):
+        templates.update(_templates(source))
+    assert {"cuwide_train", "cuwide_train_cluster", "cuwide_train_ablation",
+            "cuwide_train_ablation_cluster", "cuwide_predict", "cuwide_lbfgs_logistic_forward",
+            "cuwide_lbfgs_logistic_backward", "cuwide_lbfgs_gram", "cuwide_lbfgs_direction",
+            "cuwide_classic"} <= set(templates)
+    enums = _enumerators()
+    for expr in _every_launcher_name():
+        name, args = _split(expr)
+        assert templates.get(name) == len(args), expr
+        for a in args:
+            if a.startswith("cuwide::"):
+                assert a[len("cuwide::"):] in enums, expr
+
+
+def test_source_text_inlines_the_headers(tmp_path):
+    text = _kernels.source_text("cuwide_train.cu", CUDA_DIR)
+    assert '#include "cuwide_common.cuh"' not in text
+    assert "enum Model" in text and "__global__" in text
+    assert "#pragma once" not in text
+    # a header's change changes the text (CuPy's cache key)
+    (tmp_path / "a.cuh").write_text("#pragma once\nint a = 1;\n")
+    (tmp_path / "b.cuh").write_text('#pragma once\n#include "a.cuh"\nint b = 2;\n')
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include "b.cuh"\n'
+                                   "#include <cstdint>\nint k;\n")
+    before = _kernels.source_text("k.cu", tmp_path)
+    assert before.count("int a = 1;") == 1 and "int b = 2;" in before
+    assert "#include <cstdint>" in before
+    (tmp_path / "a.cuh").write_text("#pragma once\nint a = 3;\n")
+    assert _kernels.source_text("k.cu", tmp_path) != before
+
+
+#: the instantiations of a few fits, as their launchers ask for them
+FITS = [
+    ("linear", 1, 0, "adagrad", "logistic", 3907, "auto"),  # LR, the full grid's warm-up
+    ("linear", 4, 0, "sgd", "multinomial", 3907, "max"),
+    ("fm", 1, 16, "adagrad", "logistic", 3907, "auto"),
+    ("fm", 1, 8, "adagrad", "squared", 20, "auto"),
+]
+
+
+def _fit_names():
+    names = []
+    for model, out, k, solver, loss, nb, conc in FITS:
+        grid = _concurrency.blocks(conc, model, solver, nb, H200_SLOTS)
+        names += _kernels.epoch_instantiations(
+            model, out, k, solver, loss, chunk_batches=[nb], grid=grid,
+            ramp=_concurrency.default_ramp(model), slots=H200_SLOTS,
+            cluster_sizes=HOPPER).values()
+    return names
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+@pytest.mark.slow
+@pytest.mark.parametrize("filename, names", [
+    ("cuwide_train.cu", _fit_names()),
+    ("cuwide_predict.cu", [_kernels.predict_instantiation("int32", "int32", "float32",
+                                                          "linear", 1, 0),
+                           _kernels.predict_instantiation("int64", "int32", "float64", "fm",
+                                                          1, 16)]),
+    ("cuwide_lbfgs.cu", [*_kernels.lbfgs_instantiations("int32", "float32"),
+                         *_kernels.lbfgs_instantiations("int64", "float64"),
+                         _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_gram", 20),
+                         _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_direction", 20)]),
+])
+def test_the_launchers_names_compile_from_the_source_nvrtc_gets(filename, names, tmp_path):
+    """The source text handed to NVRTC (headers inlined: no include path)
+    with the launchers' name expressions instantiated compiles for sm_90."""
+    src = tmp_path / ("check_" + filename)
+    src.write_text(_kernels.source_text(filename, CUDA_DIR)
+                   + "\nvoid* const cuwide_names_check[] = {\n"
+                   + ",\n".join(f"    (void*)&{n}" for n in names) + "\n};\n")
+    obj = tmp_path / "check.o"
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", str(src), "-o", str(obj)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert obj.stat().st_size > 0
+
+
+# --------------------------------------------------------------------------
+# on the GPU: a fit builds the instantiations its plan names, and no other
+# --------------------------------------------------------------------------
+def _needs_gpu():
+    from sklearn_cuwide._device import cuda_device_count
+
+    return pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@_needs_gpu()
+@pytest.mark.parametrize("make, model, k", [
+    (lambda: __import__("sklearn_cuwide").GPULogisticRegression(
+        solver="adagrad", max_iter=2, random_state=0, device="cuda"), "linear", 0),
+    (lambda: __import__("sklearn_cuwide").GPUFactorizationMachine(
+        n_factors=8, max_iter=2, tol=None, random_state=0, device="cuda"), "fm", 8),
+])
+def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k):
+    from sklearn_cuwide._backends._cuda import _runtime
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(n_samples=20_000, n_features=2**16, random_state=0)[:2]
+    _kernels._CACHE.clear()  # this process's memo (CuPy's caches may still serve them)
+    modules = _kernels.compile_seconds()[1]
+    est = make().fit(X, y)
+    built = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_train.cu"}
+    n_batches = -(-X.shape[0] // est.batch_size)
+    grid = _concurrency.blocks("auto", model, "adagrad", n_batches, _runtime.full_grid())
+    expected = _kernels.epoch_instantiations(
+        model, 1, k, "adagrad", "logistic", chunk_batches=[n_batches], grid=grid,
+        ramp=_concurrency.default_ramp(model), slots=_runtime.full_grid(),
+        cluster_sizes=_runtime.cluster_sizes(), and_later=True)
+    assert built == set(expected.values())
+    # every module got is memoised: none was built twice
+    assert _kernels.compile_seconds()[1] - modules == len(_kernels._CACHE)
+    # the prediction builds the predict kernel of the input's dtypes, once
+    est.decision_function(X[:100])
+    est.decision_function(X[100:200])
+    pred = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_predict.cu"}
+    assert len(pred) == 1 and next(iter(pred)).startswith("cuwide_predict<")
+
+
+@pytest.mark.gpu
+@_needs_gpu()
+def test_gpu_first_epoch_line_reports_the_kernels(capsys):
+    """With nothing memoised, the first epoch's verbose line says how long
+    getting its kernels took (compiled, or loaded from CuPy's cache)."""
+    from sklearn_cuwide import GPULogisticRegression
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(n_samples=5_000, n_features=2**14, random_state=1)[:2]
+    _kernels._CACHE.clear()
+    GPULogisticRegression(solver="sgd", max_iter=2, tol=0.0, verbose=1, random_state=0,
+                          device="cuda").fit(X, y)
+    lines = capsys.readouterr().out.splitlines()
+    epochs = [ln for ln in lines if ln.startswith("Epoch")]
+    assert re.match(r"^Epoch 1/2 in \d+\.\d{3} s \(kernels \d+\.\d{3} s\): ", epochs[0])
+    assert "(kernels" not in epochs[1]

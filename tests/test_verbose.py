@@ -1,0 +1,222 @@
+"""``verbose=1``: one line per stage of a fit, each with its own time, in the
+order the fit goes through them, then one line for the whole fit; for every
+estimator and solver, ``fit`` and ``partial_fit``.
+
+The format and the order of the lines are tested, never the timings' values
+(speed is the benchmarks' business): a fake clock makes each line's span one
+second where a test needs numbers.
+"""
+
+import re
+import types
+
+import numpy as np
+import pytest
+
+from sklearn_cuwide import (
+    GPUFactorizationMachine,
+    GPUFactorizationMachineRegressor,
+    GPULogisticRegression,
+    _state,
+)
+from sklearn_cuwide._state import FitProgress
+
+from .conftest import make_sparse_problem
+
+STAGE = re.compile(r"^Stage: (.+) in (\d+\.\d{3}) s(?: \(kernels \d+\.\d{3} s\))?$")
+EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d{3} s"
+                   r"(?: \(kernels \d+\.\d{3} s\))?: loss [-\d.e+]+(?:, validation loss "
+                   r"[-\d.e+]+)?, [\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
+ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s: loss [\d.]+, "
+                        r"[\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
+FIT = re.compile(r"^Fit: \d+\.\d{3} s, ([\d,]+) samples, [\d,]+ samples/s$")
+
+
+class _Clock:
+    """A fake perf_counter: each reading is one second after the last."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return make_sparse_problem(2)
+
+
+@pytest.fixture(scope="module")
+def multiclass():
+    return make_sparse_problem(3)
+
+
+def _parse(out):
+    """The lines as ``(kind, value)``: ("stage", name), ("epoch", (head,
+    epoch)), ("iterations", (first, last)), ("fit", samples)."""
+    parsed = []
+    for ln in out.splitlines():
+        for kind, rx in (("stage", STAGE), ("epoch", EPOCH), ("iterations", ITERATIONS),
+                         ("fit", FIT)):
+            m = rx.match(ln)
+            if m:
+                break
+        else:
+            raise AssertionError(f"a line of no known format: {ln!r}")
+        if kind == "stage":
+            parsed.append((kind, m.group(1)))
+        elif kind == "epoch":
+            parsed.append((kind, (int(m.group(1) or 1), int(m.group(3)))))
+        elif kind == "iterations":
+            parsed.append((kind, (int(m.group(1)), int(m.group(2) or m.group(1)))))
+        else:
+            parsed.append((kind, int(m.group(1).replace(",", ""))))
+    return parsed
+
+
+def _minibatch_lines(heads, epochs, early_stopping=False):
+    """The lines a mini-batch fit prints, in order."""
+    out = [("stage", "input checks")]
+    if early_stopping:
+        out.append(("stage", "validation split"))
+    out += [("stage", "step parameters"), ("stage", "layout")]
+    for h in range(1, heads + 1):
+        prefix = "" if heads == 1 else f"model {h} of {heads}, "
+        out += [("stage", prefix + "initial state"), ("stage", prefix + "upload")]
+        out += [("epoch", (h, e)) for e in range(1, epochs + 1)]
+        out.append(("stage", prefix + "model back"))
+    return out + [("stage", "attributes")]
+
+
+MINIBATCH = {
+    "lr-sgd": lambda: GPULogisticRegression(solver="sgd", max_iter=3, tol=0.0,
+                                            device="cpu"),
+    "lr-adagrad": lambda: GPULogisticRegression(solver="adagrad", max_iter=3, tol=0.0,
+                                                device="cpu"),
+    "fm": lambda: GPUFactorizationMachine(n_factors=2, max_iter=3, tol=None, random_state=0,
+                                          device="cpu"),
+    "fm-regressor": lambda: GPUFactorizationMachineRegressor(
+        n_factors=2, max_iter=3, tol=None, learning_rate=0.01, random_state=0, device="cpu"),
+}
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+@pytest.mark.parametrize("name", list(MINIBATCH))
+def test_minibatch_fit_prints_every_stage_in_order(name, early_stopping, binary, capsys):
+    X, y = binary
+    est = MINIBATCH[name]().set_params(verbose=1, early_stopping=early_stopping)
+    est.fit(X, y)
+    lines = _parse(capsys.readouterr().out)
+    assert lines[:-1] == _minibatch_lines(1, 3, early_stopping)
+    # the whole fit: the rows trained on, once per epoch
+    n_train = X.shape[0] - (int(np.ceil(0.1 * X.shape[0])) if early_stopping else 0)
+    assert lines[-1] == ("fit", 3 * n_train)
+
+
+def test_one_vs_rest_fm_prints_each_models_stages(multiclass, capsys):
+    X, y = multiclass
+    MINIBATCH["fm"]().set_params(verbose=1).fit(X, y)
+    lines = _parse(capsys.readouterr().out)
+    assert lines[:-1] == _minibatch_lines(3, 3)
+    assert lines[-1] == ("fit", 3 * 3 * X.shape[0])
+
+
+@pytest.mark.parametrize("name", list(MINIBATCH))
+def test_partial_fit_prints_one_epoch(name, binary, capsys):
+    X, y = binary
+    est = MINIBATCH[name]().set_params(verbose=1)
+    if name == "fm-regressor":
+        est.partial_fit(X, y)
+    else:
+        est.partial_fit(X, y, classes=np.unique(y))
+    lines = _parse(capsys.readouterr().out)
+    assert lines[:-1] == _minibatch_lines(1, 1)
+    assert lines[-1] == ("fit", X.shape[0])
+
+
+def test_epoch_lines_count_up_to_max_iter(binary, capsys):
+    X, y = binary
+    GPULogisticRegression(solver="adagrad", max_iter=4, tol=0.0, verbose=1,
+                          device="cpu").fit(X, y)
+    epochs = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Epoch")]
+    assert [ln.split(" in ")[0] for ln in epochs] == [f"Epoch {k}/4" for k in range(1, 5)]
+
+
+@pytest.mark.parametrize("verbose, per_line", [(1, 10), (2, 1)])
+def test_lbfgs_prints_a_line_per_ten_iterations_or_each(binary, capsys, verbose, per_line):
+    X, y = binary
+    est = GPULogisticRegression(verbose=verbose, max_iter=35, tol=1e-12, device="cpu")
+    est.fit(X, y)
+    lines = _parse(capsys.readouterr().out)
+    n_iter = int(est.n_iter_[0])
+    assert n_iter > 20  # enough iterations for several lines
+    assert lines[:2] == [("stage", "input checks"), ("stage", "objective")]
+    assert lines[-3:-1] == [("stage", "coefficients back"), ("stage", "attributes")]
+    assert lines[-1][0] == "fit"
+    spans = [v for k, v in lines[2:-3]]
+    assert all(k == "iterations" for k, _ in lines[2:-3])
+    # consecutive spans cover the iterations once, the first alone
+    assert spans[0] == (1, 1)
+    assert [a for a, _ in spans[1:]] == [b + 1 for _, b in spans[:-1]]
+    assert spans[-1][1] == n_iter
+    assert all(b - a + 1 <= per_line for a, b in spans)
+    assert all(b % per_line == 0 for _, b in spans[1:-1])
+
+
+def test_not_verbose_prints_nothing(binary, capsys):
+    X, y = binary
+    for make in MINIBATCH.values():
+        make().fit(X, y)
+    GPULogisticRegression(max_iter=5, device="cpu").fit(X, y)
+    assert capsys.readouterr().out == ""
+
+
+# --------------------------------------------------------------------------
+# FitProgress itself
+# --------------------------------------------------------------------------
+def test_each_line_has_its_own_span_and_the_last_the_whole_fit(capsys, monkeypatch):
+    monkeypatch.setattr(_state, "time", types.SimpleNamespace(perf_counter=_Clock()))
+    p = FitProgress(verbose=1)  # t = 1
+    p.stage("input checks")  # t = 2
+    p.step("Epoch 1/2", "loss 0.5", 100)  # t = 3
+    p.step("Epoch 2/2", "loss 0.4", 100)  # t = 4
+    p.stage("model back")  # t = 5
+    p.finish()  # t = 6 (attributes), 7 (the total: 6 s)
+    assert capsys.readouterr().out.splitlines() == [
+        "Stage: input checks in 1.000 s",
+        "Epoch 1/2 in 1.000 s: loss 0.5, 50 samples/s, 2.00 s since the fit began",
+        "Epoch 2/2 in 1.000 s: loss 0.4, 67 samples/s, 3.00 s since the fit began",
+        "Stage: model back in 1.000 s",
+        "Stage: attributes in 1.000 s",
+        "Fit: 6.000 s, 200 samples, 33 samples/s",
+    ]
+
+
+def test_iterations_are_grouped_and_flushed_by_the_next_stage(capsys, monkeypatch):
+    monkeypatch.setattr(_state, "time", types.SimpleNamespace(perf_counter=_Clock()))
+    p = FitProgress(verbose=1)
+    for it in range(1, 26):
+        p.iteration(it, f"loss {1 / it:.6f}", 10)
+    p.stage("coefficients back")
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" in ")[0] for ln in lines] == [
+        "Iteration 1", "Iterations 2-10", "Iterations 11-20", "Iterations 21-25",
+        "Stage: coefficients back"]
+    assert lines[3].startswith("Iterations 21-25 in 1.000 s: loss 0.040000, ")
+    assert p.samples == 250
+
+
+def test_a_span_that_compiled_kernels_says_so(capsys, monkeypatch):
+    seconds = iter([0.0, 0.0, 1.5, 1.5])
+    monkeypatch.setattr(_state, "_kernel_seconds", lambda: next(seconds))
+    p = FitProgress(verbose=1)  # 0.0
+    p.stage("layout")  # 0.0: nothing compiled
+    p.step("Epoch 1/1", "loss 0.5", 10)  # 1.5: the epoch compiled its kernels
+    p.stage("model back")  # 1.5
+    lines = capsys.readouterr().out.splitlines()
+    assert "kernels" not in lines[0] and "kernels" not in lines[2]
+    assert re.match(r"^Epoch 1/1 in \d+\.\d{3} s \(kernels 1\.500 s\): loss 0\.5, ", lines[1])
+    assert EPOCH.match(lines[1])
+
