@@ -17,13 +17,6 @@ from ._validate import check_index_width
 
 #: a null device pointer, for the kernels' optional arrays
 NULL = np.uint64(0)
-#: the C type of a dtype, for the kernels' template arguments
-CTYPE = {
-    np.dtype(np.int32): "int",
-    np.dtype(np.int64): "long long",
-    np.dtype(np.float32): "float",
-    np.dtype(np.float64): "double",
-}
 
 
 def device_index(device):
