@@ -48,7 +48,7 @@ _SHARED_PARAMETER_CONSTRAINTS = {
         Interval(Real, 0, None, closed="neither"),
     ],
     "shuffle": ["boolean"],
-    "early_stopping": ["boolean"],
+    "early_stopping": ["boolean", StrOptions({"auto"})],
     "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
     "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
     "device": [str],
@@ -208,6 +208,7 @@ def _schedule(est, *, partial):
         concurrency=est.concurrency,
         verbose=est.verbose,
         random_state=est.random_state,
+        early_stopping=est.early_stopping,
     )
 
 

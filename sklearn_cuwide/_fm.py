@@ -27,6 +27,7 @@ from ._minibatch import (
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
+    validation_attrs,
 )
 from ._state import FitProgress, ModelState, StepParams
 
@@ -257,6 +258,7 @@ class _BaseFM(_CuWideEstimator):
         else:
             fitted["n_iter_"] = int(n_iter)
             fitted["loss_curve_"] = curve
+        fitted.update(validation_attrs(results))
         fitted["_optimizer_state"] = (
             [optimizer_arrays(r.state) for r in results]
             if self.solver == "adagrad"
@@ -362,7 +364,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         learning_rate="auto",
         max_iter=100,
         tol=1e-4,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         shuffle=True,
@@ -567,7 +569,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         learning_rate="auto",
         max_iter=100,
         tol=1e-4,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         shuffle=True,

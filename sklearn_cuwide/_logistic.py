@@ -29,6 +29,7 @@ from ._minibatch import (
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
+    validation_attrs,
 )
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
@@ -246,7 +247,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         batch_size=1024,
         learning_rate="auto",
         shuffle=True,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         device="auto",
@@ -356,7 +357,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "penalty (l1_ratio > 0). Use solver='sgd' or solver='adagrad' "
                 "for an L1 or elastic-net penalty."
             )
-        if self.solver == "lbfgs" and self.early_stopping:
+        if self.solver == "lbfgs" and self.early_stopping is True:
             raise ValueError(
                 "early_stopping=True needs a mini-batch solver: lbfgs minimises "
                 "the objective over the whole data and stops at tol. Set "
@@ -454,6 +455,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             "n_iter_": np.array([n_iter], dtype=np.int32),
             "loss_curve_": [float(v) for v in curve],
             "_optimizer_state": None,
+            **validation_attrs([]),
         }
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
@@ -510,6 +512,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         else:
             fitted["n_iter_"] = np.array([res.n_iter], dtype=np.int32)
             fitted["loss_curve_"] = res.loss_curve
+        fitted.update(validation_attrs([res]))
         return fitted
 
     # ------------------------------------------------------------------
