@@ -70,12 +70,15 @@ _FM_PARAMS_DOC = """
     max_iter : int, default=100
         Most epochs (at least 1, as scikit-learn's SGDClassifier).
     tol : float or None, default=1e-4
-        Stop when the training loss (the validation loss with
-        ``early_stopping``) has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs; None runs ``max_iter`` epochs.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the training data and monitor
-        its loss.
+        Stop when the monitored loss has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs: the validation loss with early
+        stopping, else the training loss; None runs ``max_iter`` epochs.
+    early_stopping : "auto" or bool, default="auto"
+        Hold out ``validation_fraction`` of the training data (stratified
+        for the classifier), stop on its loss, and keep the model of the
+        epoch of least validation loss (not the last epoch's).  ``"auto"``:
+        on from 10,000 training rows, as scikit-learn's
+        ``HistGradientBoostingClassifier``.  ``partial_fit`` ignores it.
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
@@ -309,10 +312,19 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         The factor vectors of the features (per class one-vs-rest when
         there are more than two classes).
     n_iter_ : int
-        Epochs run (the most over the classes one-vs-rest).
+        Epochs run (the most over the classes one-vs-rest), the epochs after
+        the best one included.
     loss_curve_ : list of float
         Mean training loss of each epoch (one-vs-rest: the sum over the
         classes).
+    validation_score_ : ndarray of shape (n_iter_,)
+        With early stopping, the negative mean validation loss of each epoch
+        (higher is better, as scikit-learn's HistGradientBoosting records
+        it; one-vs-rest: the sum over the classes); empty without it.
+    best_iteration_ : int or None
+        With early stopping, the epoch whose model was kept (the one of
+        least validation loss; one-vs-rest: each class keeps its own, this
+        is the latest); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -527,6 +539,14 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         Epochs run.
     loss_curve_ : list of float
         Mean training loss (half the squared error) of each epoch.
+    validation_score_ : ndarray of shape (n_iter_,)
+        With early stopping, the negative mean validation loss of each epoch
+        (higher is better, as scikit-learn's HistGradientBoosting records
+        it; one-vs-rest: the sum over the classes); empty without it.
+    best_iteration_ : int or None
+        With early stopping, the epoch whose model was kept (the one of
+        least validation loss; one-vs-rest: each class keeps its own, this
+        is the latest); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
