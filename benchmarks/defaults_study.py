@@ -176,13 +176,15 @@ LR_RATES = (0.01, 0.03, 0.1, 0.3, 1.0)
 
 def fm_grid(stage=1, best=None):
     """Stage 1: step size x penalty at the old initial scale and batch;
-    stage 2: initial scale and batch size around ``best`` (a Setting)."""
+    stage 2 around ``best`` (a Setting): a third of its step, the initial
+    scale, and the batch size (at the step and twice it)."""
     if stage == 1:
         return [_setting("fm", learning_rate=lr, alpha=a, beta=b, scale_penalty=s,
                          init_scale=0.01, batch_size=1024)
                 for lr in FM_RATES for s, a, b in PENALTIES]
     kw = best.kw
-    out = []
+    # a third of the step (the least of stage 1 may be at its edge)
+    out = [_setting("fm", **{**kw, "learning_rate": round(kw["learning_rate"] / 3, 6)})]
     for init in (0.001, 0.1):
         out.append(_setting("fm", **{**kw, "init_scale": init}))
     out.append(_setting("fm", **{**kw, "batch_size": 4096}))
@@ -293,13 +295,15 @@ def tol_rule_epoch(train_loss, max_iter, n_iter_no_change=5, tol=1e-4):
 
 def policy_epoch(curves, policy):
     """The epoch a stopping policy returns: ``("es", P)`` early stopping with
-    patience P; ``("fixed", E)``; ``("auto", E)`` early stopping from
-    AUTO_THRESHOLD rows, else E epochs."""
+    patience P; ``("fixed", E)``; ``("tol", M)`` the training-loss rule with
+    ``max_iter=M``; ``("auto", M)`` what the estimators do by default: early
+    stopping from AUTO_THRESHOLD rows, else the training-loss rule (both
+    capped by the curve's length)."""
     kind, arg = policy
     if kind == "es" or (kind == "auto" and curves["n_train"] / (1 - VALIDATION_FRACTION)
                         >= AUTO_THRESHOLD):
         return stopping_epoch(curves["val_loss"], arg if kind == "es" else 5)
-    if kind == "tol":
+    if kind in ("tol", "auto"):
         return tol_rule_epoch(curves["train_loss"], arg)
     return min(arg, len(curves["test"]))
 
@@ -380,10 +384,11 @@ def run_grid(args, log):
                 f"({c['seconds']:.1f} s)")
     # stage 2 around stage 1's best, per task
     recs = _read(path)
+    done = _done(path)
     for task in ("binary", "regression"):
         tsets = [s for s in sets if task_of(s) == task and any(r["set"] == s for r in recs)]
         fm = [r for r in recs if r["model"] == "fm" and r["task"] == task]
-        key = choose(fm, ("auto", 10), tsets)
+        key = choose(fm, ("auto", 100), tsets)
         if key is None:
             continue
         best = next(Setting("fm", tuple(sorted(r["params"].items())))
@@ -400,7 +405,7 @@ def run_grid(args, log):
                 log(f"{name} {st.key} ({c['seconds']:.1f} s)")
 
 
-C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 RIDGE_GRID = (0.1, 1.0, 10.0, 100.0, 1000.0)
 
 
@@ -667,8 +672,8 @@ def run_report(args, log):
             continue
         parts.append(f"### {model.upper()} ({task}), choosing half, "
                      "early_stopping='auto' epochs\n\n"
-                     + grid_table(recs, ("auto", 10), sets))
-        key = choose(recs, ("auto", 10), sets)
+                     + grid_table(recs, ("auto", 100), sets))
+        key = choose(recs, ("auto", 100), sets)
         pols = [("es", 5), ("es", 2), ("fixed", 1), ("fixed", 2), ("fixed", 3),
                 ("fixed", 5), ("fixed", 10), ("tol", 100)]
         parts.append(f"### Epochs of `{key}`\n\n" + policy_table(recs, key, sets, pols))

@@ -64,7 +64,9 @@ _FM_PARAMS_DOC = """
     batch_size : int, default=1024
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
-        Step size.  ``"auto"``: 0.1 for ``"adagrad"``; for ``"sgd"``,
+        Step size.  ``"auto"``: for ``"adagrad"`` 0.03 from 10,000 rows
+        on, 0.1 below, where an epoch takes few steps (the defaults study's
+        choice, :doc:`/design/defaults`); for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations.
     max_iter : int, default=100
@@ -207,7 +209,7 @@ class _BaseFM(_CuWideEstimator):
                    progress=None):
         """Train one FM per target vector on a shared layout (a list of
         :class:`~sklearn_cuwide._minibatch.HeadResult`)."""
-        n_features = X.shape[1]
+        n_rows, n_features = X.shape
 
         def make_params(X_train, sw_train):
             return StepParams(
@@ -215,7 +217,8 @@ class _BaseFM(_CuWideEstimator):
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
                                else auto_learning_rate(self.solver, X_train, sw_train,
                                                        loss=self._loss, backend=backend,
-                                                       fit_intercept=self.fit_intercept)),
+                                                       fit_intercept=self.fit_intercept,
+                                                       model="fm", n_samples=n_rows)),
                 l2_w=float(self.alpha), l2_v=float(self.beta),
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=bool(self.scale_penalty),

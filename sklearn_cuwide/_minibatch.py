@@ -306,16 +306,30 @@ def logit_prior(y01, sw):
 #: ``curvature * lambda_max(X' diag(s) X / S)``
 _CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
 
-#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data): the step
+#: of least mean test regret over the defaults study's choosing half
+#: (docs/design/defaults.rst)
 ADAGRAD_AUTO_LEARNING_RATE = 0.1
+#: the factorization machines' from EARLY_STOPPING_AUTO_MIN_SAMPLES rows on:
+#: their factors overfit at the larger step; below, where an epoch takes a
+#: few steps, the two tie in the study and the smaller one underfits in
+#: ``max_iter`` epochs, so the larger stays
+ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
 
 
-def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend):
+def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
+                       n_samples=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
-    with ``L`` the Lipschitz constant of the mean loss's gradient."""
+    with ``L`` the Lipschitz constant of the mean loss's gradient (of the
+    linear part for an FM).  For ``model="fm"`` Adagrad's constant depends
+    on ``n_samples``, the rows of the call (before any validation split;
+    default ``X``'s)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
                                   backend=backend)
+    n = X.shape[0] if n_samples is None else n_samples
+    if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
+        return ADAGRAD_AUTO_LEARNING_RATE_FM
     return ADAGRAD_AUTO_LEARNING_RATE
 
 

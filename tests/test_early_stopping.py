@@ -232,3 +232,27 @@ def test_the_best_epoch_is_restored_on_gpu(est, data, request):
     b.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
     for pa, pb in zip(_params(a), _params(b)):
         np.testing.assert_allclose(pa, pb, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():
+    # Adagrad's "auto" step: the FM's 0.03 from the early-stopping threshold
+    # on, 0.1 below and for logistic regression (docs/design/defaults.rst)
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._minibatch import auto_learning_rate
+
+    n = EARLY_STOPPING_AUTO_MIN_SAMPLES
+    X, _ = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)
+    kw = dict(loss="logistic", fit_intercept=True, backend=get_backend("cpu"))
+    sw = np.ones(n)
+    assert auto_learning_rate("adagrad", X, sw, model="fm", **kw) == 0.03
+    assert auto_learning_rate("adagrad", X[:-1], sw[:-1], model="fm", **kw) == 0.1
+    # the rows of the call, not of the training part after the split
+    assert auto_learning_rate("adagrad", X[:-1], sw[:-1], model="fm", n_samples=n,
+                              **kw) == 0.03
+    assert auto_learning_rate("adagrad", X, sw, model="linear", **kw) == 0.1
+    # as the estimator resolves it (from the rows before the split)
+    y = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)[1]
+    kw = dict(max_iter=1, n_factors=2, random_state=0, device="cpu")
+    a = GPUFactorizationMachine(**kw).fit(X, y)
+    b = GPUFactorizationMachine(learning_rate=0.03, **kw).fit(X, y)
+    assert_array_equal(a.factors_, b.factors_)
