@@ -642,8 +642,8 @@ def confirm_table(confirm, baselines, grid, torch_recs=()):
         if task_of(name) == "regression":
             f = d.get("fm_reg")
             rb = min((r["rmse"] for r in b), default=None)
-            reg_lines.append(f"| {name} | {half} | {_fmt(f and f['rmse'])} "
-                             f"({f and f['n_iter']}) | {_fmt(rb)} |")
+            reg_lines.append(f"| {name} | {half} | {_fmt(f['rmse'] if f else None)} "
+                             f"({f['n_iter'] if f else '–'}) | {_fmt(rb)} |")
             continue
         f, la, ll = d.get("fm"), d.get("lr_adagrad"), d.get("lr_lbfgs")
         skd = next((r for r in b if r["key"] == "sk_lr:default"), None)
@@ -651,13 +651,68 @@ def confirm_table(confirm, baselines, grid, torch_recs=()):
         best_auc = max((r["auc"] for r in grid_b), default=None)
         best_ll = min((r["logloss"] for r in grid_b), default=None)
         lines.append(
-            f"| {name} | {half} | {_fmt(f and f['auc'])} ({f and f['n_iter']}) | "
-            f"{_fmt(la and la['auc'])} | {_fmt(ll and ll['auc'])} | "
-            f"{_fmt(skd and skd['auc'])} | {_fmt(best_auc)} | {_fmt(peer.get(name))} | "
-            f"{_fmt(f and skd and f['auc'] - skd['auc'], 4)} | "
-            f"{_fmt(la and best_ll is not None and la['logloss'] - best_ll, 4)} | "
-            f"{_fmt(f and ll and f['auc'] - ll['auc'], 4)} |")
+            f"| {name} | {half} | {_fmt(f['auc'] if f else None)} "
+            f"({f['n_iter'] if f else '–'}) | {_fmt(la['auc'] if la else None)} | "
+            f"{_fmt(ll['auc'] if ll else None)} | {_fmt(skd['auc'] if skd else None)} | "
+            f"{_fmt(best_auc)} | {_fmt(peer.get(name))} | "
+            f"{_fmt(f['auc'] - skd['auc'] if f and skd else None)} | "
+            f"{_fmt(la['logloss'] - best_ll if la and best_ll is not None else None)} | "
+            f"{_fmt(f['auc'] - ll['auc'] if f and ll else None)} |")
     return "\n".join(lines) + "\n\n" + "\n".join(reg_lines) + "\n"
+
+
+def targets_table(confirm, baselines, torch_recs=()):
+    """Markdown: the issue's targets, checked set by set where the CPU can
+    check them (pass / fail with the margin)."""
+    by = {}
+    for r in confirm:
+        by.setdefault(r["set"], {})[r["key"]] = r
+    base = {}
+    for r in baselines:
+        base.setdefault(r["set"], {})[r["key"]] = r
+    peer = {}
+    for r in torch_recs:
+        peer[r["set"]] = max(peer.get(r["set"], 0.0), max(r["aucs"]))
+    rows = []
+
+    def add(target, name, margin, ok):
+        rows.append(f"| {target} | {name} | {margin:+.4f} | {'yes' if ok else 'no'} |")
+
+    for name in SETS:
+        d, b = by.get(name, {}), base.get(name, {})
+        if task_of(name) == "binary" and "fm" in d and "sk_lr:default" in b:
+            m = d["fm"]["auc"] - b["sk_lr:default"]["auc"]
+            add("FM AUC ≥ LogisticRegression() − 0.002", name, m, m >= -0.002)
+    for name in SETS:
+        d = by.get(name, {})
+        if name in peer and "fm" in d:
+            m = d["fm"]["auc"] - peer[name]
+            add("FM AUC ≥ tuned PyTorch FM − 0.002", name, m, m >= -0.002)
+    for name in SETS:
+        d = by.get(name, {})
+        if name in SYNTHETIC and SYNTHETIC[name]["model"] == "fm" and "fm" in d \
+                and "lr_lbfgs" in d:
+            m = d["fm"]["auc"] - d["lr_lbfgs"]["auc"]
+            add("FM AUC − LR AUC ≥ 0.02 (both defaults)", name, m, m >= 0.02)
+    for name in REAL_REGRESSION:
+        d = by.get(name, {})
+        if "fm_reg" in d:
+            m = d["fm_reg"]["rmse"] - 0.91
+            add("FM regressor RMSE ≤ 0.91", name, m, m <= 0)
+    for name in SETS:
+        d, b = by.get(name, {}), base.get(name, {})
+        lls = [r["logloss"] for k, r in b.items() if k.startswith("sk_lr:")
+               and k != "sk_lr:default"]
+        if "lr_adagrad" in d and lls:
+            m = d["lr_adagrad"]["logloss"] - min(lls)
+            add("adagrad LR logloss ≤ best-C lbfgs + 0.002", name, m, m <= 0.002)
+    for name in SETS:
+        d = by.get(name, {})
+        if "lr_adagrad" in d and "lr_lbfgs" in d:
+            m = d["lr_adagrad"]["logloss"] - d["lr_lbfgs"]["logloss"]
+            add("(same C = 1) adagrad LR logloss ≤ lbfgs + 0.002", name, m, m <= 0.002)
+    return ("| target | set | margin | holds |\n|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
 
 
 def run_report(args, log):
@@ -683,6 +738,7 @@ def run_report(args, log):
                          + policy_table(recs, old, sets, [("tol", 100), ("fixed", 1)]))
     if conf:
         parts.append("### The defaults on every set\n\n" + confirm_table(conf, base, grid, peer))
+        parts.append("### The targets\n\n" + targets_table(conf, base, peer))
     text = "\n\n".join(parts)
     (out / "report.md").write_text(text)
     log(text)

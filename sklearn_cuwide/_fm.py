@@ -320,10 +320,11 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     loss_curve_ : list of float
         Mean training loss of each epoch (one-vs-rest: the sum over the
         classes).
-    validation_score_ : ndarray of shape (n_iter_,)
-        With early stopping, the negative mean validation loss of each epoch
-        (higher is better, as scikit-learn's HistGradientBoosting records
-        it; one-vs-rest: the sum over the classes); empty without it.
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss of each
+        epoch run (higher is better, as scikit-learn's HistGradientBoosting
+        records it; one-vs-rest: the sum over the classes); empty without
+        it.
     best_iteration_ : int or None
         With early stopping, the epoch whose model was kept (the one of
         least validation loss; one-vs-rest: each class keeps its own, this
@@ -542,14 +543,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         Epochs run.
     loss_curve_ : list of float
         Mean training loss (half the squared error) of each epoch.
-    validation_score_ : ndarray of shape (n_iter_,)
-        With early stopping, the negative mean validation loss of each epoch
-        (higher is better, as scikit-learn's HistGradientBoosting records
-        it; one-vs-rest: the sum over the classes); empty without it.
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss (half the
+        squared error) of each epoch run (higher is better, as
+        scikit-learn's HistGradientBoosting records it); empty without it.
     best_iteration_ : int or None
         With early stopping, the epoch whose model was kept (the one of
-        least validation loss; one-vs-rest: each class keeps its own, this
-        is the latest); None without it.
+        least validation loss); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int

@@ -192,10 +192,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     loss_curve_ : list of float
         The objective after each L-BFGS iteration, or the mean training loss
         of each epoch.
-    validation_score_ : ndarray of shape (n_iter_[0],)
-        With early stopping, the negative mean validation loss of each epoch
-        (higher is better, as scikit-learn's HistGradientBoosting records
-        it); empty without it.
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss of each
+        epoch run (higher is better, as scikit-learn's HistGradientBoosting
+        records it); empty without it.
     best_iteration_ : int or None
         With early stopping, the epoch whose model was kept (the one of
         least validation loss); None without it.
