@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -562,6 +563,11 @@ def torch_fm_curve(split, *, lr, optimizer, batch_size, epochs=TORCH_EPOCHS,
 def run_torch(args, log):
     """The PyTorch FM over its grid on the small sets: the best AUC of any
     setting at any epoch (the peer tuned on the test set: its upper bound)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        log("torch is not installed: the PyTorch FM peer is skipped")
+        return
     path = Path(args.out) / "torch.jsonl"
     done = _done(path)
     for name in _names(args, TORCH_SETS):
@@ -767,7 +773,7 @@ def main(argv=None):
     p.add_argument("--sets", default="all",
                    help="all, choose, confirm, or comma-separated names")
     p.add_argument("--size", default="full", choices=("full", "tiny"))
-    p.add_argument("--out", default="defaults_study",
+    p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "defaults_study"),
                    help="folder of the records (*.jsonl: a rerun skips what is "
                         "there) and report.md")
     p.add_argument("--data-root", default=None)
