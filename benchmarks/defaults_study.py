@@ -563,9 +563,9 @@ def torch_fm_curve(split, *, lr, optimizer, batch_size, epochs=TORCH_EPOCHS,
 def run_torch(args, log):
     """The PyTorch FM over its grid on the small sets: the best AUC of any
     setting at any epoch (the peer tuned on the test set: its upper bound)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
         log("torch is not installed: the PyTorch FM peer is skipped")
         return
     path = Path(args.out) / "torch.jsonl"
