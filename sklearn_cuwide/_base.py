@@ -26,7 +26,7 @@ from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fi
 from . import _device, _memory
 from ._backends import get_backend
 from ._config import get_config
-from ._minibatch import COMPUTE_DTYPE, Schedule
+from ._minibatch import COMPUTE_DTYPE, Schedule, uses_validation
 from ._sparse import canonical_csr
 from ._state import StepParams
 from ._validation import check_sparse_structure
@@ -51,7 +51,7 @@ _SHARED_PARAMETER_CONSTRAINTS = {
         Interval(Real, 0, None, closed="neither"),
     ],
     "shuffle": ["boolean"],
-    "early_stopping": ["boolean"],
+    "early_stopping": ["boolean", StrOptions({"auto"})],
     "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
     "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
     "device": [str],
@@ -242,8 +242,9 @@ def _plan_fit(est, X, y, backend, reset):
         n_outputs=n_outputs, n_heads=n_heads, n_factors=n_factors, solver=solver,
         batch_size=int(est.batch_size), sample_block=int(sample_block),
         penalty_scaled=bool(getattr(est, "scale_penalty", not fm)),
-        validation_fraction=(est.validation_fraction
-                             if est.early_stopping and solver != "lbfgs" else None),
+        validation_fraction=(
+            est.validation_fraction
+            if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),
         fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
     )
     plan = _memory.plan_fit(shape, backend.name, *_available(backend))
@@ -324,6 +325,7 @@ def _schedule(est, *, partial):
         concurrency=est.concurrency,
         verbose=est.verbose,
         random_state=est.random_state,
+        early_stopping=est.early_stopping,
     )
 
 

@@ -27,6 +27,7 @@ from ._minibatch import (
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
+    validation_attrs,
 )
 from ._state import FitProgress, ModelState, StepParams
 
@@ -63,18 +64,23 @@ _FM_PARAMS_DOC = """
     batch_size : int, default=1024
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
-        Step size.  ``"auto"``: 0.1 for ``"adagrad"``; for ``"sgd"``,
+        Step size.  ``"auto"``: for ``"adagrad"`` 0.03 from 10,000 rows
+        on, 0.1 below, where an epoch takes few steps (the defaults study's
+        choice, :doc:`/design/defaults`); for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations.
     max_iter : int, default=100
         Most epochs (at least 1, as scikit-learn's SGDClassifier).
     tol : float or None, default=1e-4
-        Stop when the training loss (the validation loss with
-        ``early_stopping``) has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs; None runs ``max_iter`` epochs.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the training data and monitor
-        its loss.
+        Stop when the monitored loss has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs: the validation loss with early
+        stopping, else the training loss; None runs ``max_iter`` epochs.
+    early_stopping : "auto" or bool, default="auto"
+        Hold out ``validation_fraction`` of the training data (stratified
+        for the classifier), stop on its loss, and keep the model of the
+        epoch of least validation loss (not the last epoch's).  ``"auto"``:
+        on from 10,000 training rows, as scikit-learn's
+        ``HistGradientBoostingClassifier``.  ``partial_fit`` ignores it.
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
@@ -203,7 +209,7 @@ class _BaseFM(_CuWideEstimator):
                    progress=None):
         """Train one FM per target vector on a shared layout (a list of
         :class:`~sklearn_cuwide._minibatch.HeadResult`)."""
-        n_features = X.shape[1]
+        n_rows, n_features = X.shape
 
         def make_params(X_train, sw_train):
             return StepParams(
@@ -211,7 +217,8 @@ class _BaseFM(_CuWideEstimator):
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
                                else auto_learning_rate(self.solver, X_train, sw_train,
                                                        loss=self._loss, backend=backend,
-                                                       fit_intercept=self.fit_intercept)),
+                                                       fit_intercept=self.fit_intercept,
+                                                       model="fm", n_samples=n_rows)),
                 l2_w=float(self.alpha), l2_v=float(self.beta),
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=bool(self.scale_penalty),
@@ -258,6 +265,7 @@ class _BaseFM(_CuWideEstimator):
         else:
             fitted["n_iter_"] = int(n_iter)
             fitted["loss_curve_"] = curve
+        fitted.update(validation_attrs(results))
         fitted["_optimizer_state"] = (
             [optimizer_arrays(r.state) for r in results]
             if self.solver == "adagrad"
@@ -308,10 +316,20 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         The factor vectors of the features (per class one-vs-rest when
         there are more than two classes).
     n_iter_ : int
-        Epochs run (the most over the classes one-vs-rest).
+        Epochs run (the most over the classes one-vs-rest), the epochs after
+        the best one included.
     loss_curve_ : list of float
         Mean training loss of each epoch (one-vs-rest: the sum over the
         classes).
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss of each
+        epoch run (higher is better, as scikit-learn's HistGradientBoosting
+        records it; one-vs-rest: the sum over the classes); empty without
+        it.
+    best_iteration_ : int or None
+        With early stopping, the epoch whose model was kept (the one of
+        least validation loss; one-vs-rest: each class keeps its own, this
+        is the latest); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -363,7 +381,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         learning_rate="auto",
         max_iter=100,
         tol=1e-4,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         shuffle=True,
@@ -528,6 +546,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         Epochs run.
     loss_curve_ : list of float
         Mean training loss (half the squared error) of each epoch.
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss (half the
+        squared error) of each epoch run (higher is better, as
+        scikit-learn's HistGradientBoosting records it); empty without it.
+    best_iteration_ : int or None
+        With early stopping, the epoch whose model was kept (the one of
+        least validation loss); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -570,7 +595,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         learning_rate="auto",
         max_iter=100,
         tol=1e-4,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         shuffle=True,

@@ -29,6 +29,7 @@ from ._minibatch import (
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
+    validation_attrs,
 )
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
@@ -119,9 +120,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         scikit-learn's LogisticRegression does.
     tol : float, default=1e-4
         ``"lbfgs"``: stop when the largest gradient entry is at most ``tol``.
-        Mini-batch solvers: stop when the training loss (the validation loss
-        with ``early_stopping``) has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs.
+        Mini-batch solvers: stop when the monitored loss (the validation
+        loss with early stopping, else the training loss) has not improved
+        by ``tol`` for ``n_iter_no_change`` epochs.
     max_iter : int, default=100
         Most L-BFGS iterations, or most epochs of a mini-batch solver: at
         least 1 for them (as scikit-learn's SGDClassifier); ``"lbfgs"``
@@ -152,10 +153,13 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         dense correlated data).
     shuffle : bool, default=True
         Shuffle the rows once and the order of the mini-batches every epoch.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the training data (stratified)
-        and stop when its loss stops improving (mini-batch solvers;
-        ``"lbfgs"`` raises a ``ValueError``).
+    early_stopping : "auto" or bool, default="auto"
+        Mini-batch solvers: hold out ``validation_fraction`` of the training
+        data (stratified), stop when its loss stops improving, and keep the
+        model of the epoch of least validation loss (not the last epoch's).
+        ``"auto"``: on from 10,000 training rows (as scikit-learn's
+        ``HistGradientBoostingClassifier``), and off with ``"lbfgs"``, for
+        which ``True`` raises a ``ValueError``.  ``partial_fit`` ignores it.
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
@@ -188,6 +192,13 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     loss_curve_ : list of float
         The objective after each L-BFGS iteration, or the mean training loss
         of each epoch.
+    validation_score_ : ndarray of shape (n_epochs,)
+        With early stopping, the negative mean validation loss of each
+        epoch run (higher is better, as scikit-learn's HistGradientBoosting
+        records it); empty without it.
+    best_iteration_ : int or None
+        With early stopping, the epoch whose model was kept (the one of
+        least validation loss); None without it.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -246,7 +257,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         batch_size=1024,
         learning_rate="auto",
         shuffle=True,
-        early_stopping=False,
+        early_stopping="auto",
         validation_fraction=0.1,
         n_iter_no_change=5,
         device="auto",
@@ -357,7 +368,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "penalty (l1_ratio > 0). Use solver='sgd' or solver='adagrad' "
                 "for an L1 or elastic-net penalty."
             )
-        if self.solver == "lbfgs" and self.early_stopping:
+        if self.solver == "lbfgs" and self.early_stopping is True:
             raise ValueError(
                 "early_stopping=True needs a mini-batch solver: lbfgs minimises "
                 "the objective over the whole data and stops at tol. Set "
@@ -456,6 +467,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             "n_iter_": np.array([n_iter], dtype=np.int32),
             "loss_curve_": [float(v) for v in curve],
             "_optimizer_state": None,
+            **validation_attrs([]),
         }
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
@@ -512,6 +524,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         else:
             fitted["n_iter_"] = np.array([res.n_iter], dtype=np.int32)
             fitted["loss_curve_"] = res.loss_curve
+        fitted.update(validation_attrs([res]))
         return fitted
 
     # ------------------------------------------------------------------

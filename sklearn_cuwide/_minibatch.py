@@ -24,7 +24,8 @@ from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr
 from ._state import FitProgress
 
-__all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate",
+__all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
+           "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
            "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
 
 #: the dtype of the model state and of the training layout's values, and of
@@ -50,15 +51,36 @@ class Schedule:
     concurrency: object
     verbose: int
     random_state: object
+    #: the estimator's ``early_stopping``: with ``"auto"`` the split above is
+    #: made only from :data:`EARLY_STOPPING_AUTO_MIN_SAMPLES` rows on
+    early_stopping: object = True
+
+
+#: ``early_stopping="auto"`` holds out a validation split from this many
+#: training rows on (scikit-learn's HistGradientBoosting threshold): below
+#: it a tenth of the rows is too few to rank epochs by (docs/design/defaults.rst)
+EARLY_STOPPING_AUTO_MIN_SAMPLES = 10_000
+
+
+def uses_validation(early_stopping, n_samples):
+    """Whether a fit of ``n_samples`` rows holds out a validation split."""
+    if early_stopping == "auto":
+        return n_samples >= EARLY_STOPPING_AUTO_MIN_SAMPLES
+    return bool(early_stopping)
 
 
 @dataclass
 class HeadResult:
-    """One head's fitted state (numpy, user feature order), epochs and curve."""
+    """One head's fitted state (numpy, user feature order), epochs and
+    curves.  With early stopping the state is the best epoch's, number
+    ``best_iteration`` (1-based) of the ``n_iter`` run; ``validation_curve``
+    holds each epoch's mean validation loss (empty without it)."""
 
     state: object
     n_iter: int
     loss_curve: list
+    validation_curve: list = None
+    best_iteration: object = None
 
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
@@ -105,7 +127,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     seed_split, seed_layout, seed_epochs, seed_init = _seeds(schedule.random_state)
     X = canonical_csr(X)
     tr = va = None
-    if schedule.validation_fraction is not None:
+    if schedule.validation_fraction is not None and uses_validation(
+            schedule.early_stopping, X.shape[0]):
         tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                    seed_split)
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
@@ -136,7 +159,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                                                            seed_init + k)
         prefix = "" if len(targets) == 1 else f"model {k + 1} of {len(targets)}, "
         progress.stage(f"{prefix}initial state")
-        out, n_iter, curve, _ = fit_minibatch(
+        out, n_iter, curve, vcurve = fit_minibatch(
             layout, t.astype(COMPUTE_DTYPE), sample_weight, state, params,
             backend=backend, max_iter=schedule.max_iter, tol=schedule.tol,
             n_iter_no_change=schedule.n_iter_no_change, shuffle=schedule.shuffle,
@@ -145,13 +168,34 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             progress=progress, log_prefix=prefix,
         )
         curve = [float(v) for v in curve]
+        vcurve = [float(v) for v in vcurve]
+        best = int(np.argmin(vcurve)) + 1 if vcurve else None
         base = constant_loss(t, sample_weight, params.loss, n_outputs)
         if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
             blown_up.append((prefix, curve[-1], base))
-        results.append(HeadResult(out, n_iter, curve))
+        results.append(HeadResult(out, n_iter, curve, vcurve, best))
     if blown_up:
         _warn_blown_up(blown_up, params)
     return results
+
+
+def validation_attrs(results):
+    """``validation_score_`` and ``best_iteration_`` of a fit's heads.
+
+    ``validation_score_``: each epoch's negative mean validation loss
+    (higher is better, as scikit-learn's HistGradientBoosting records it with
+    ``scoring="loss"``), summed over the heads as ``loss_curve_`` is; empty
+    without early stopping.  ``best_iteration_``: the epoch whose model was
+    kept (the latest of the heads'), None without early stopping.
+    """
+    curves = [r.validation_curve for r in results if r.validation_curve]
+    if not curves:
+        return {"validation_score_": np.zeros(0), "best_iteration_": None}
+    length = max(len(c) for c in curves)
+    score = -np.array([sum(c[min(e, len(c) - 1)] for c in curves)
+                       for e in range(length)], dtype=np.float64)
+    best = max(r.best_iteration for r in results if r.best_iteration is not None)
+    return {"validation_score_": score, "best_iteration_": int(best)}
 
 
 # --------------------------------------------------------------------------
@@ -263,16 +307,30 @@ def logit_prior(y01, sw):
 #: ``curvature * lambda_max(X' diag(s) X / S)``
 _CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
 
-#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data)
+#: ``learning_rate="auto"`` of adagrad (sgd's comes from the data): the step
+#: of least mean test regret over the defaults study's choosing half
+#: (docs/design/defaults.rst)
 ADAGRAD_AUTO_LEARNING_RATE = 0.1
+#: the factorization machines' from EARLY_STOPPING_AUTO_MIN_SAMPLES rows on:
+#: their factors overfit at the larger step; below, where an epoch takes a
+#: few steps, the two tie in the study and the smaller one underfits in
+#: ``max_iter`` epochs, so the larger stays
+ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
 
 
-def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend):
+def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
+                       n_samples=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
-    with ``L`` the Lipschitz constant of the mean loss's gradient."""
+    with ``L`` the Lipschitz constant of the mean loss's gradient (of the
+    linear part for an FM).  For ``model="fm"`` Adagrad's constant depends
+    on ``n_samples``, the rows of the call (before any validation split;
+    default ``X``'s)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
                                   backend=backend)
+    n = X.shape[0] if n_samples is None else n_samples
+    if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
+        return ADAGRAD_AUTO_LEARNING_RATE_FM
     return ADAGRAD_AUTO_LEARNING_RATE
 
 

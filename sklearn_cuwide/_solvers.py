@@ -206,8 +206,14 @@ def fit_minibatch(
     ramp=0,
     progress=None,
     log_prefix="",
+    restore_best=True,
 ):
     """Epochs of mini-batch sgd/adagrad over a tile layout.
+
+    With ``validation``, the model returned is the one of the epoch of least
+    validation loss (the first such epoch; with ``restore_best``): the
+    whole state, Adagrad's sums included, as that epoch left it.  Its epoch
+    is ``1 + argmin(validation_curve)``.
 
     A fit that diverges raises a ``ValueError`` that says what to do (as
     scikit-learn's SGDClassifier does): an epoch's training or validation
@@ -245,6 +251,9 @@ def fit_minibatch(
         from ``verbose``.
     log_prefix : str
         What the lines of this model start with (one-vs-rest: which model).
+    restore_best : bool
+        With ``validation``: return the best epoch's model, not the last's
+        (a copy of the state on the backend is kept while the fit runs).
 
     Returns
     -------
@@ -281,6 +290,8 @@ def fit_minibatch(
     loss_limit = float(np.finfo(dt).max)
     loss_curve, val_curve = [], []
     best, no_improve = math.inf, 0
+    # the best epoch's state (a copy on the backend) and its validation loss
+    best_state, best_val = None, math.inf
     n_iter = 0
     for epoch in range(int(max_iter)):
         order = rng.permutation(layout.n_batches) if shuffle else None
@@ -305,6 +316,11 @@ def fit_minibatch(
                                 params)
             val_curve.append(vl)
             monitored = vl
+            if restore_best and vl < best_val:
+                best_val = vl
+                # the last epoch's state needs no copy: it is the one returned
+                best_state = (None if n_iter == int(max_iter)
+                              else _copy_state(backend.xp, dstate))
             msg += f", validation loss {vl:.6f}"
         label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
@@ -316,6 +332,8 @@ def fit_minibatch(
             best = min(best, monitored)
             if no_improve >= n_iter_no_change:
                 break
+    if best_state is not None and val_curve and val_curve[-1] > best_val:
+        _put_back(dstate, best_state)
     # back to the user's feature order where the state is, then one copy
     out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank), xp))
     progress.stage(f"{log_prefix}model back")
@@ -326,6 +344,19 @@ def fit_minibatch(
         raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
                         f"after {n_iter} epoch(s)", params)
     return out, n_iter, loss_curve, val_curve
+
+
+def _copy_state(xp, state):
+    """Copies (on the backend) of a state's arrays, by name."""
+    return {k: xp.array(a, copy=True) for k, a in state.arrays().items()}
+
+
+def _put_back(state, saved):
+    """Write the arrays of :func:`_copy_state` back into ``state`` in place
+    (a backend may hold views of them, e.g. the CUDA backend's packed
+    Adagrad sums)."""
+    for k, a in saved.items():
+        getattr(state, k)[...] = a
 
 
 def _diverged(what, params):

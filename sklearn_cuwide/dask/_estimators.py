@@ -93,8 +93,10 @@ class _DaskWide(BaseEstimator):
 
     def _check_supported(self):
         name = type(self).__name__
+        # early_stopping="auto" (the default) is off here: the partitions
+        # hold no validation split
         for param in ("warm_start", "early_stopping"):
-            if getattr(self, param, False):
+            if getattr(self, param, False) is True:
                 raise ValueError(
                     f"{param}=True is not supported by sklearn_cuwide.dask.{name}; "
                     f"set {param}=False (or fit the single-process estimator)."
@@ -192,13 +194,15 @@ class _DaskWide(BaseEstimator):
         there are fewer), as the single-process fit does."""
         if self.learning_rate != "auto":
             return float(self.learning_rate)
-        if self.solver != "sgd":
-            return auto_learning_rate(self.solver, None, None, loss=loss,
-                                      fit_intercept=self.fit_intercept, backend=None)
-        import scipy.sparse as sp
-
         rows = np.array([s["n_rows"] for s in summaries])
         n = int(rows.sum())
+        if self.solver != "sgd":  # Adagrad's constant, by model and rows
+            return auto_learning_rate(
+                self.solver, None, None, loss=loss, fit_intercept=self.fit_intercept,
+                backend=None, model="fm" if hasattr(self, "n_factors") else "linear",
+                n_samples=n)
+        import scipy.sparse as sp
+
         take = rows if n <= _LR_SAMPLE_ROWS else np.floor(rows * _LR_SAMPLE_ROWS / n)
         parts = client.gather([
             client.submit(_shard.sample_rows, s, int(k), seed + r, workers=[w],

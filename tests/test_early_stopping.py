@@ -1,0 +1,258 @@
+"""Early stopping: the held-out split, the best epoch's model restored, the
+``"auto"`` default, and how it meets ``warm_start`` and ``partial_fit``."""
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+from sklearn.base import clone
+
+from sklearn_cuwide import (
+    GPUFactorizationMachine,
+    GPUFactorizationMachineRegressor,
+    GPULogisticRegression,
+)
+from sklearn_cuwide._device import cuda_device_count
+from sklearn_cuwide._minibatch import (
+    EARLY_STOPPING_AUTO_MIN_SAMPLES,
+    _validation_split,
+    uses_validation,
+)
+from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
+
+HAS_GPU = cuda_device_count() > 0
+
+
+@pytest.fixture(scope="module")
+def ctr():
+    """A small FM task on which large unpenalised steps overfit within a few
+    epochs: the validation loss has a minimum well before the last epoch."""
+    return make_ctr_classification(6000, 2**12, n_fields=10, n_numeric=3, model="fm",
+                                   random_state=0)
+
+
+@pytest.fixture(scope="module")
+def ctr_reg():
+    return make_ctr_regression(6000, 2**12, n_fields=10, n_numeric=3, model="fm",
+                               random_state=0)
+
+
+# estimators (and their data) whose validation loss turns up within 30 epochs
+OVERFITTING = [
+    (GPUFactorizationMachine(learning_rate=0.3, alpha=0.0, beta=0.0, init_scale=0.1),
+     "ctr"),
+    (GPUFactorizationMachineRegressor(learning_rate=0.3, alpha=0.0, beta=0.0,
+                                      init_scale=0.1), "ctr_reg"),
+    (GPULogisticRegression(solver="adagrad", learning_rate=1.0, C=1e6), "ctr"),
+]
+
+
+def _params(est):
+    return [a for a in est._public_arrays() if a is not None]
+
+
+@pytest.mark.parametrize("est, data", OVERFITTING, ids=lambda p: type(p).__name__
+                         if not isinstance(p, str) else p)
+def test_the_best_epoch_is_restored(est, data, request):
+    X, y = request.getfixturevalue(data)
+    kw = dict(early_stopping=True, n_iter_no_change=4, max_iter=30, random_state=0,
+              device="cpu")
+    a = clone(est).set_params(**kw).fit(X, y)
+    losses = -a.validation_score_
+    assert losses.shape == (a.n_iter_ if np.ndim(a.n_iter_) == 0 else a.n_iter_[0],)
+    best = a.best_iteration_
+    assert best == int(np.argmin(losses)) + 1
+    # the data are chosen so that the best epoch is not the last one
+    assert best < len(losses)
+    # a run of exactly that many epochs, same seed and split: the same model
+    b = clone(est).set_params(**{**kw, "max_iter": best}).fit(X, y)
+    assert b.best_iteration_ == best
+    for pa, pb in zip(_params(a), _params(b)):
+        assert_array_equal(pa, pb)
+    assert_array_equal(-b.validation_score_, losses[:best])
+    # the training curve is the whole run's, as n_iter_ is
+    assert len(a.loss_curve_) == len(losses)
+
+
+def test_early_stopping_stops_after_n_iter_no_change(ctr):
+    X, y = ctr
+    est = GPUFactorizationMachine(learning_rate=0.3, alpha=0.0, beta=0.0, init_scale=0.1,
+                                  early_stopping=True, n_iter_no_change=3, tol=0.0,
+                                  max_iter=100, random_state=0, device="cpu").fit(X, y)
+    assert est.n_iter_ < 100
+    losses = -est.validation_score_
+    # it stopped after 3 epochs without a new best (tol=0)
+    assert est.n_iter_ - est.best_iteration_ == 3
+    assert (losses[est.best_iteration_:] >= losses[est.best_iteration_ - 1]).all()
+
+
+def test_without_early_stopping_the_last_epoch_is_kept(ctr):
+    X, y = ctr
+    kw = dict(learning_rate=0.3, alpha=0.0, beta=0.0, init_scale=0.1, random_state=0,
+              device="cpu", early_stopping=False, tol=None)
+    a = GPUFactorizationMachine(max_iter=4, **kw).fit(X, y)
+    assert a.best_iteration_ is None
+    assert a.validation_score_.shape == (0,)
+    assert a.n_iter_ == 4
+    # epochs 1-4 of a longer run are the 4-epoch run (the rows all train)
+    b = GPUFactorizationMachine(max_iter=5, **kw).fit(X, y)
+    assert_array_equal(a.loss_curve_, b.loss_curve_[:4])
+
+
+def test_training_loss_tol_rule_without_early_stopping(ctr):
+    X, y = ctr
+    est = GPULogisticRegression(solver="adagrad", early_stopping=False, tol=1e-2,
+                                n_iter_no_change=2, max_iter=100, random_state=0,
+                                device="cpu").fit(X, y)
+    n = est.n_iter_[0]
+    assert n < 100
+    # the rule, read off the training curve: the first epoch that ends the
+    # second in a row without a gain of tol on the best loss so far
+    best, bad, stop = np.inf, 0, None
+    for e, v in enumerate(est.loss_curve_, 1):
+        bad = bad + 1 if v > best - 1e-2 else 0
+        best = min(best, v)
+        if bad >= 2:
+            stop = e
+            break
+    assert stop == n == len(est.loss_curve_)
+
+
+def test_validation_split_is_stratified_and_reproducible():
+    rng = np.random.default_rng(0)
+    y = (rng.random(5000) < 0.07).astype(np.intp)
+    tr, va = _validation_split(y.size, 0.1, y, seed=3)
+    tr2, va2 = _validation_split(y.size, 0.1, y, seed=3)
+    assert_array_equal(va, va2)
+    assert_array_equal(tr, tr2)
+    assert np.intersect1d(tr, va).size == 0 and tr.size + va.size == y.size
+    assert va.size == 500
+    # stratified: the held-out positives are the rate's share, to one sample
+    assert abs(y[va].sum() - 0.1 * y.sum()) <= 1
+    _, va3 = _validation_split(y.size, 0.1, y, seed=4)
+    assert not np.array_equal(va, va3)
+
+
+def test_same_random_state_same_split_and_model(ctr):
+    X, y = ctr
+    kw = dict(early_stopping=True, max_iter=3, tol=None, device="cpu")
+    a = GPUFactorizationMachine(random_state=7, **kw).fit(X, y)
+    b = GPUFactorizationMachine(random_state=7, **kw).fit(X, y)
+    c = GPUFactorizationMachine(random_state=8, **kw).fit(X, y)
+    assert_array_equal(a.validation_score_, b.validation_score_)
+    assert_array_equal(a.factors_, b.factors_)
+    assert not np.array_equal(a.validation_score_, c.validation_score_)
+
+
+def test_auto_threshold():
+    n = EARLY_STOPPING_AUTO_MIN_SAMPLES
+    assert not uses_validation("auto", n - 1)
+    assert uses_validation("auto", n)
+    assert uses_validation(True, 10) and not uses_validation(False, 10**7)
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_auto_is_the_default_and_follows_the_number_of_rows(Est):
+    assert Est().early_stopping == "auto"
+    assert GPULogisticRegression().early_stopping == "auto"
+    n = EARLY_STOPPING_AUTO_MIN_SAMPLES
+    make = make_ctr_classification if Est is GPUFactorizationMachine else make_ctr_regression
+    X, y = make(n, 2**10, n_fields=4, n_numeric=0, random_state=0)
+    kw = dict(n_factors=2, max_iter=2, tol=None, random_state=0, device="cpu")
+    on = Est(**kw).fit(X, y)
+    assert on.best_iteration_ is not None and on.validation_score_.shape == (2,)
+    off = Est(**kw).fit(X[: n - 1], y[: n - 1])
+    assert off.best_iteration_ is None and off.validation_score_.shape == (0,)
+    # "auto" at n rows is early_stopping=True
+    forced = Est(early_stopping=True, **kw).fit(X, y)
+    assert_array_equal(forced.factors_, on.factors_)
+
+
+def test_auto_with_lbfgs_is_off_and_true_raises(ctr):
+    X, y = ctr
+    est = GPULogisticRegression(device="cpu").fit(X, y)  # "auto" with lbfgs: no split
+    assert est.best_iteration_ is None and est.validation_score_.shape == (0,)
+    with pytest.raises(ValueError, match="early_stopping=True needs a mini-batch"):
+        GPULogisticRegression(early_stopping=True, device="cpu").fit(X, y)
+
+
+@pytest.mark.parametrize("est", [GPUFactorizationMachine(), GPULogisticRegression(
+    solver="adagrad")], ids=lambda e: type(e).__name__)
+def test_partial_fit_ignores_early_stopping(est, ctr):
+    # one epoch over every row it is given, as documented: the first call is
+    # fit's first epoch without a split
+    X, y = ctr
+    kw = dict(random_state=0, device="cpu")
+    p = clone(est).set_params(early_stopping=True, **kw).partial_fit(X, y, classes=[0, 1])
+    f = clone(est).set_params(early_stopping=False, max_iter=1, **kw).fit(X, y)
+    for pa, pb in zip(_params(p), _params(f)):
+        assert_array_equal(pa, pb)
+    assert p.best_iteration_ is None and p.validation_score_.shape == (0,)
+
+
+def test_warm_start_continues_and_restores_within_the_call(ctr):
+    X, y = ctr
+    kw = dict(learning_rate=0.3, alpha=0.0, beta=0.0, init_scale=0.1, random_state=0,
+              device="cpu")
+
+    def warm(max_iter):
+        est = GPUFactorizationMachine(max_iter=2, early_stopping=False, tol=None, **kw)
+        est.fit(X, y)
+        return est.set_params(warm_start=True, early_stopping=True, max_iter=max_iter,
+                              tol=1e-4, n_iter_no_change=3).fit(X, y)
+
+    a = warm(30)
+    # the epochs and the best one are counted in this call
+    assert a.best_iteration_ <= a.n_iter_ < 30
+    b = warm(a.best_iteration_)
+    assert_array_equal(a.factors_, b.factors_)
+    assert_array_equal(a.coef_, b.coef_)
+    # it continued from the first fit's model
+    cold = GPUFactorizationMachine(max_iter=a.best_iteration_, early_stopping=True,
+                                   **kw).fit(X, y)
+    assert not np.array_equal(a.factors_, cold.factors_)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("est, data", OVERFITTING[::2], ids=["fm", "lr"])
+def test_the_best_epoch_is_restored_on_gpu(est, data, request):
+    # in order (concurrency=1) the GPU run is deterministic: the restored
+    # model (the packed Adagrad sums of the linear weights included) equals
+    # a run of exactly the best epoch's count
+    X, y = request.getfixturevalue(data)
+    kw = dict(early_stopping=True, n_iter_no_change=4, max_iter=30, random_state=0,
+              device="cuda", concurrency=1)
+    a = clone(est).set_params(**kw).fit(X, y)
+    assert a.best_iteration_ < len(a.validation_score_)
+    b = clone(est).set_params(**{**kw, "max_iter": a.best_iteration_}).fit(X, y)
+    for pa, pb in zip(_params(a), _params(b)):
+        np.testing.assert_allclose(pa, pb, rtol=1e-5, atol=1e-6)
+    # warm start from the restored model continues from its Adagrad sums
+    a.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
+    b.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
+    for pa, pb in zip(_params(a), _params(b)):
+        np.testing.assert_allclose(pa, pb, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():
+    # Adagrad's "auto" step: the FM's 0.03 from the early-stopping threshold
+    # on, 0.1 below and for logistic regression (docs/design/defaults.rst)
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._minibatch import auto_learning_rate
+
+    n = EARLY_STOPPING_AUTO_MIN_SAMPLES
+    X, _ = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)
+    kw = dict(loss="logistic", fit_intercept=True, backend=get_backend("cpu"))
+    sw = np.ones(n)
+    assert auto_learning_rate("adagrad", X, sw, model="fm", **kw) == 0.03
+    assert auto_learning_rate("adagrad", X[:-1], sw[:-1], model="fm", **kw) == 0.1
+    # the rows of the call, not of the training part after the split
+    assert auto_learning_rate("adagrad", X[:-1], sw[:-1], model="fm", n_samples=n,
+                              **kw) == 0.03
+    assert auto_learning_rate("adagrad", X, sw, model="linear", **kw) == 0.1
+    # as the estimator resolves it (from the rows before the split)
+    y = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)[1]
+    kw = dict(max_iter=1, n_factors=2, random_state=0, device="cpu")
+    a = GPUFactorizationMachine(**kw).fit(X, y)
+    b = GPUFactorizationMachine(learning_rate=0.03, **kw).fit(X, y)
+    assert_array_equal(a.factors_, b.factors_)
