@@ -1,0 +1,313 @@
+"""Models larger than the device: resident hot rows and a scratchpad of cold rows.
+
+A model's parameters and optimiser state are rows, one per feature.  The
+layout numbers features by descending frequency, so the *resident* set is a
+prefix: features ``< n_resident`` keep their rows on the device for the
+whole fit, the others (cold) live in host memory.  The device holds one
+model buffer of ``n_resident + n_slots`` rows: the resident rows, then
+``n_slots`` scratch slots.
+
+An epoch's mini-batch order is known before it starts, so it is cut into
+*windows* of consecutive mini-batches whose cold features fit the slots
+(:func:`plan_windows`).  For each window, in order: its cold rows are
+gathered from the host into the slots, its mini-batches are trained by the
+backend's own ``run_epoch`` on a *window layout* whose cold feature ids are
+renumbered to slot ids (:func:`window_layout`), and the slots are written
+back.  The renumbering keeps the cold ids' order (slots are given in
+ascending feature order), so every tile stays sorted by feature and the
+hot/cold tile split is unchanged: the kernels run as they are.  With
+mini-batches trained in order the model equals the resident fit's: the
+same steps, on the same values, in the same order.
+
+Rule: this module plans residency and windows and moves rows, with the
+backend's array module; it never launches a kernel of its own.  Why: one
+training step for every placement keeps the out-of-core model equal to the
+resident one.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._layout import TileLayout
+from ._state import ModelState
+
+__all__ = [
+    "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts",
+    "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
+]
+
+#: the arrays of a state with one row per feature
+ROW_ARRAYS = ("w", "V", "gw", "gV")
+
+
+@dataclass(frozen=True)
+class ResidencyPlan:
+    """Where a model's feature rows live during a fit.
+
+    Attributes
+    ----------
+    n_features : int
+    n_resident : int
+        Features ``< n_resident`` (the most frequent) stay on the device.
+    n_slots : int
+        Scratch rows for the cold features of one window.
+    row_bytes : int
+        Bytes of one feature's row over every row array of the state.
+    """
+
+    n_features: int
+    n_resident: int
+    n_slots: int
+    row_bytes: int
+
+    @property
+    def out_of_core(self):
+        return self.n_resident < self.n_features
+
+    @property
+    def device_rows(self):
+        """Rows of the device model buffer."""
+        return self.n_resident + self.n_slots
+
+    @property
+    def device_bytes(self):
+        return self.device_rows * self.row_bytes
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive mini-batches of an epoch's order and the cold features
+    they touch (sorted, unique, every id ``>= n_resident``)."""
+
+    batches: np.ndarray
+    cold: np.ndarray
+
+
+def state_row_bytes(n_outputs, n_factors, *, adagrad, fit_linear=True, itemsize=4):
+    """Bytes of one feature's row: weights, factors and their Adagrad sums."""
+    per = (n_outputs if fit_linear else 0) + n_factors
+    return int(per * itemsize * (2 if adagrad else 1))
+
+
+def batch_cold_counts(layout, n_resident):
+    """Distinct features ``>= n_resident`` of each mini-batch (numpy, int64).
+
+    A mini-batch's sample blocks may share features, so they are counted
+    over the whole mini-batch, not per tile."""
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    feat = np.asarray(layout.feat).astype(np.int64)
+    nz_batch = np.repeat(np.arange(layout.n_batches, dtype=np.int64),
+                         tp[2 * bsp[1:]] - tp[2 * bsp[:-1]])
+    cold = feat >= n_resident
+    key = np.unique(nz_batch[cold] * layout.n_features + feat[cold])
+    return np.bincount(key // layout.n_features, minlength=layout.n_batches)
+
+
+def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25):
+    """The rows that fit ``budget_bytes``: all of them when they fit, else a
+    resident prefix and scratch slots for the largest mini-batch's cold set.
+
+    ``slot_fraction`` of the rows that fit go to the slots (the rest are
+    resident) unless one mini-batch needs more.  Raises a ``MemoryError``
+    that names the need when not even the hot features, one mini-batch's
+    cold rows and the slots fit.
+    """
+    n = int(layout.n_features)
+    row_bytes = int(row_bytes)
+    fit_rows = int(budget_bytes) // max(row_bytes, 1)
+    if fit_rows >= n:
+        return ResidencyPlan(n, n, 0, row_bytes)
+    n_slots = max(1, int(fit_rows * slot_fraction))
+    for _ in range(8):  # more slots mean fewer resident rows and more cold ones
+        n_resident = fit_rows - n_slots
+        if n_resident < layout.n_hot:
+            break
+        need = int(batch_cold_counts(layout, n_resident).max(initial=0))
+        if need <= n_slots:
+            return ResidencyPlan(n, n_resident, n_slots, row_bytes)
+        n_slots = need
+    least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot).max(initial=0))
+    raise MemoryError(
+        f"the model does not fit: {n} features of {row_bytes} bytes each; the "
+        f"budget of {int(budget_bytes):,} bytes holds {fit_rows:,} rows, and training "
+        f"needs at least {least:,} ({layout.n_hot:,} hot features and the cold "
+        f"features of the widest mini-batch, {least * row_bytes:,} bytes). Raise "
+        f"device_memory_limit, or lower n_factors or batch_size."
+    )
+
+
+def plan_windows(layout, batch_order, n_resident, n_slots):
+    """Cut ``batch_order`` into :class:`Window` s whose cold features fit
+    ``n_slots``, greedily: a window grows until the next mini-batch would
+    overflow the slots."""
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    feat = np.asarray(layout.feat)
+    windows, cur, cold = [], [], np.empty(0, dtype=np.int64)
+    for bt in np.asarray(batch_order, dtype=np.int64):
+        a, b = tp[2 * bsp[bt]], tp[2 * bsp[bt + 1]]
+        f = feat[a:b].astype(np.int64)
+        mine = np.unique(f[f >= n_resident])
+        if mine.size > n_slots:
+            raise MemoryError(
+                f"mini-batch {int(bt)} touches {mine.size:,} cold features, more "
+                f"than the {n_slots:,} scratch slots"
+            )
+        union = np.union1d(cold, mine)
+        if cur and union.size > n_slots:
+            windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
+            cur, union = [], mine
+        cur.append(int(bt))
+        cold = union
+    if cur:
+        windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
+    return windows
+
+
+def _ranges(xp, starts, stops):
+    """The concatenation of ``arange(starts[i], stops[i])`` over ``i``."""
+    lens = stops - starts
+    total = int(lens.sum())
+    offs = xp.zeros(lens.shape[0] + 1, dtype=xp.int64)
+    xp.cumsum(lens, out=offs[1:])
+    seg = xp.repeat(xp.arange(lens.shape[0], dtype=xp.int64), lens)
+    return starts[seg] + (xp.arange(total, dtype=xp.int64) - offs[seg])
+
+
+def window_layout(layout, window, n_resident, n_slots, xp=np):
+    """The layout of ``window``'s mini-batches alone, cold ids renumbered to
+    slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
+    ``window.cold[s] == f``.
+
+    Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
+    mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
+    original layout rows of its rows, to take the targets and weights with.
+    """
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    srp = np.asarray(layout.sblock_row_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    bts = window.batches
+    g = _ranges(np, bsp[bts], bsp[bts + 1])
+    rows = _ranges(np, srp[g], srp[g + 1])
+    nz = _ranges(np, tp[2 * g], tp[2 * g + 2])
+    sb_len = srp[g + 1] - srp[g]
+    tiles = np.stack((tp[2 * g + 1] - tp[2 * g], tp[2 * g + 2] - tp[2 * g + 1]), 1)
+    nz_d = xp.asarray(nz)
+    feat = layout.feat[nz_d]
+    cold = xp.asarray(window.cold)
+    is_cold = feat >= n_resident
+    slot = xp.searchsorted(cold, feat[is_cold].astype(xp.int64))
+    feat[is_cold] = (n_resident + slot).astype(feat.dtype)
+
+    def ptr(counts):
+        out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=out[1:])
+        return out
+
+    sub = TileLayout(
+        n_rows=int(rows.shape[0]),
+        n_features=int(n_resident + n_slots),
+        batch_size=layout.batch_size,
+        sample_block=layout.sample_block,
+        n_hot=layout.n_hot,
+        feat=feat,
+        row=layout.row[nz_d],
+        val=layout.val[nz_d],
+        tile_ptr=ptr(tiles.ravel()),
+        sblock_row_ptr=ptr(sb_len),
+        batch_sblock_ptr=ptr(bsp[bts + 1] - bsp[bts]),
+        row_order=rows,
+        feature_order=None,
+        feature_rank=None,
+        feature_counts=None,
+    )
+    return sub, rows
+
+
+def slot_features(window, n_resident, n_slots):
+    """The layout feature of each row of the device buffer during
+    ``window`` (unused slots: -1)."""
+    ids = np.full(n_resident + n_slots, -1, dtype=np.int64)
+    ids[:n_resident] = np.arange(n_resident)
+    ids[n_resident : n_resident + window.cold.size] = window.cold
+    return ids
+
+
+class HostRows:
+    """The cold rows of a state in host memory, and the device buffer.
+
+    ``state``: a full state in layout feature order (numpy).  Its rows
+    ``>= n_resident`` stay on the host (views of ``state``'s arrays, updated
+    in place); the device buffer (:attr:`device`, arrays of ``xp``) holds the
+    resident rows and the slots.  :meth:`load` and :meth:`store` move a
+    window's cold rows in and out; :meth:`result` writes the resident rows
+    back and returns the full state.
+    """
+
+    def __init__(self, state, plan, to_device, to_host):
+        self.plan, self.state = plan, state
+        self._to_device, self._to_host = to_device, to_host
+        r, s = plan.n_resident, plan.n_slots
+        dev = {}
+        for k, a in state.arrays().items():
+            if k in ROW_ARRAYS:
+                buf = np.zeros((r + s,) + a.shape[1:], dtype=a.dtype)
+                buf[:r] = a[:r]
+                dev[k] = to_device(buf)
+            else:
+                dev[k] = to_device(a.copy())
+        self.device = ModelState(**dev)
+
+    def load(self, cold):
+        r = self.plan.n_resident
+        for k in ROW_ARRAYS:
+            a = getattr(self.state, k)
+            if a is not None and cold.size:
+                getattr(self.device, k)[r : r + cold.size] = self._to_device(a[cold])
+
+    def store(self, cold):
+        r = self.plan.n_resident
+        for k in ROW_ARRAYS:
+            a = getattr(self.state, k)
+            if a is not None and cold.size:
+                a[cold] = self._to_host(getattr(self.device, k)[r : r + cold.size])
+
+    def result(self):
+        r = self.plan.n_resident
+        for k, a in self.state.arrays().items():
+            d = self._to_host(getattr(self.device, k))
+            if k in ROW_ARRAYS:
+                a[:r] = d[:r]
+            else:
+                a[...] = d
+        return self.state
+
+
+def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
+                          batch_order, *, penalty_scale=None, workers=None):
+    """One epoch over ``batch_order`` with the model's cold rows on the host.
+
+    ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
+    backend's ``run_epoch`` takes them for ``layout`` (numpy).
+    ``penalty_scale``: the full layout's per-feature penalty factor (layout
+    order) when ``params`` scales the penalties: a window layout would count
+    its own mini-batches only.  Returns the epoch's weighted loss sum.
+    """
+    plan = rows.plan
+    total = 0.0
+    for win in plan_windows(layout, batch_order, plan.n_resident, plan.n_slots):
+        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots)
+        if penalty_scale is not None:
+            ids = slot_features(win, plan.n_resident, plan.n_slots)
+            ps = np.where(ids >= 0, penalty_scale[np.maximum(ids, 0)], 0.0)
+            sub.__dict__["_penalty_scale"] = ps
+        rows.load(win.cold)
+        total += float(backend.run_epoch(
+            backend.put_layout(sub), backend.to_device(y[lrows]),
+            backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
+            params, np.arange(win.batches.size), workers=workers,
+        ))
+        rows.store(win.cold)
+    return total

@@ -1,0 +1,151 @@
+"""Out-of-core models: residency and window planning against numpy
+references, and epochs with the cold rows on the host equal to resident
+epochs (CPU backend, mini-batches in order)."""
+
+import copy
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide import _out_of_core as ooc
+from sklearn_cuwide._backends import _cpu
+from sklearn_cuwide._layout import build_layout, penalty_scale
+from sklearn_cuwide._solvers import batch_weights
+from sklearn_cuwide._state import ModelState, StepParams
+
+
+def _data(seed=0, n=600, d=300, zipf=1.3):
+    """Rows of Zipf-distributed features (a few hot ones, a long cold tail)."""
+    rng = np.random.default_rng(seed)
+    per_row = 6
+    cols = np.minimum(rng.zipf(zipf, size=n * per_row) - 1, d - 1)
+    rows = np.repeat(np.arange(n), per_row)
+    X = sp.csr_matrix((rng.uniform(0.5, 1.5, n * per_row), (rows, cols)), shape=(n, d))
+    X.sum_duplicates()
+    y = (rng.uniform(size=n) < 0.4).astype(np.float32)
+    return X, y
+
+
+def _layout(X, batch_size=32, sample_block=16, n_hot_max=8):
+    return build_layout(X, batch_size=batch_size, sample_block=sample_block,
+                        n_hot_max=n_hot_max, shuffle=True, random_state=1)
+
+
+def test_batch_cold_counts_against_a_loop():
+    X, _ = _data()
+    L = _layout(X)
+    for n_res in (0, 5, 40, L.n_features):
+        got = ooc.batch_cold_counts(L, n_res)
+        for bt in range(L.n_batches):
+            g0, g1 = L.batch_sblock_ptr[bt], L.batch_sblock_ptr[bt + 1]
+            f = L.feat[L.tile_ptr[2 * g0] : L.tile_ptr[2 * g1]]
+            assert got[bt] == np.unique(f[f >= n_res]).size
+
+
+@pytest.mark.parametrize("extra", [0, 30, 1000])
+def test_windows_cover_the_order_and_fit_the_slots(extra):
+    X, _ = _data()
+    L = _layout(X)
+    n_res = 10
+    n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + extra
+    order = np.random.default_rng(3).permutation(L.n_batches)
+    wins = ooc.plan_windows(L, order, n_res, n_slots)
+    np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
+    for i, w in enumerate(wins):
+        ref = np.unique(np.concatenate([
+            L.feat[L.tile_ptr[2 * L.batch_sblock_ptr[b]] :
+                   L.tile_ptr[2 * L.batch_sblock_ptr[b + 1]]] for b in w.batches
+        ]).astype(np.int64))
+        np.testing.assert_array_equal(w.cold, ref[ref >= n_res])
+        assert w.cold.size <= n_slots
+        if i + 1 < len(wins):  # greedy: the next mini-batch would not have fit
+            nxt = wins[i + 1].batches[0]
+            g0, g1 = L.batch_sblock_ptr[nxt], L.batch_sblock_ptr[nxt + 1]
+            f = L.feat[L.tile_ptr[2 * g0] : L.tile_ptr[2 * g1]].astype(np.int64)
+            assert np.union1d(w.cold, f[f >= n_res]).size > n_slots
+
+
+def test_a_mini_batch_wider_than_the_slots_is_refused():
+    X, _ = _data()
+    L = _layout(X)
+    widest = int(ooc.batch_cold_counts(L, 0).max())
+    with pytest.raises(MemoryError, match="cold features"):
+        ooc.plan_windows(L, np.arange(L.n_batches), 0, widest - 1)
+
+
+def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
+    X, _ = _data()
+    L = _layout(X)
+    n_res, n_slots = 12, 200
+    order = np.random.default_rng(5).permutation(L.n_batches)
+    for w in ooc.plan_windows(L, order, n_res, n_slots):
+        sub, rows = ooc.window_layout(L, w, n_res, n_slots)
+        ids = ooc.slot_features(w, n_res, n_slots)
+        assert sub.n_batches == w.batches.size
+        # each sample block of the window: same nonzeros, ids mapped back
+        g_src = np.concatenate([np.arange(L.batch_sblock_ptr[b], L.batch_sblock_ptr[b + 1])
+                                for b in w.batches])
+        for gi, g in enumerate(g_src):
+            a, h, e = L.tile_ptr[2 * g : 2 * g + 3]
+            sa, sh, se = sub.tile_ptr[2 * gi : 2 * gi + 3]
+            assert (h - a, e - h) == (sh - sa, se - sh)
+            np.testing.assert_array_equal(ids[sub.feat[sa:se]], L.feat[a:e])
+            np.testing.assert_array_equal(sub.row[sa:se], L.row[a:e])
+            np.testing.assert_array_equal(sub.val[sa:se], L.val[a:e])
+            assert np.all(np.diff(sub.feat[sa:sh]) >= 0)
+            assert np.all(np.diff(sub.feat[sh:se]) >= 0)  # still sorted
+            r0, r1 = L.sblock_row_ptr[g], L.sblock_row_ptr[g + 1]
+            np.testing.assert_array_equal(
+                rows[sub.sblock_row_ptr[gi] : sub.sblock_row_ptr[gi + 1]], np.arange(r0, r1))
+
+
+def test_plan_residency():
+    X, _ = _data()
+    L = _layout(X)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    assert rb == (1 + 4) * 4 * 2
+    full = ooc.plan_residency(L, rb, L.n_features * rb)
+    assert not full.out_of_core and full.n_slots == 0
+    p = ooc.plan_residency(L, rb, 120 * rb)
+    assert p.out_of_core and p.device_rows <= 120 and p.n_resident >= L.n_hot
+    assert ooc.batch_cold_counts(L, p.n_resident).max() <= p.n_slots
+    with pytest.raises(MemoryError, match="device_memory_limit"):
+        ooc.plan_residency(L, rb, (L.n_hot + 1) * rb)
+
+
+@pytest.mark.parametrize("model,solver,scaled", [
+    ("linear", "adagrad", True), ("linear", "sgd", False),
+    ("fm", "adagrad", False), ("fm", "sgd", True),
+])
+def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
+    X, y = _data(seed=7)
+    L = _layout(X)
+    sw = np.random.default_rng(2).uniform(0.5, 2.0, L.n_rows)
+    yl, swl = y[L.row_order], sw[L.row_order]
+    bw = batch_weights(L, swl)
+    params = StepParams(model=model, solver=solver, learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3, l1=1e-4 if model == "linear" else 0.0,
+                        penalty_scaled=scaled)
+    k = 4 if model == "fm" else 0
+    state = ModelState.zeros(L.n_features, 1, k, adagrad=solver == "adagrad",
+                             init_scale=0.1, random_state=0)
+    resident = copy.deepcopy(state)
+    rb = ooc.state_row_bytes(1, k, adagrad=solver == "adagrad")
+    plan = ooc.plan_residency(L, rb, 90 * rb)
+    assert plan.out_of_core
+    rows = ooc.HostRows(copy.deepcopy(state), plan, np.asarray, np.asarray)
+    ps = penalty_scale(L).astype(np.float64) if scaled else None
+    rng = np.random.default_rng(11)
+    n_windows = 0
+    for _ in range(2):
+        order = rng.permutation(L.n_batches)
+        n_windows += len(ooc.plan_windows(L, order, plan.n_resident, plan.n_slots))
+        ref = _cpu.run_epoch(L, yl, swl, bw, resident, params, order)
+        got = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
+                                        penalty_scale=ps)
+        assert got == pytest.approx(ref, rel=1e-12)
+    assert n_windows > 2  # the cold rows really went back and forth
+    out = rows.result()
+    for k_, a in resident.arrays().items():
+        np.testing.assert_array_equal(getattr(out, k_), a, err_msg=k_)
