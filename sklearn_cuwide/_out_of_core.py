@@ -311,3 +311,48 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
         ))
         rows.store(win.cold)
     return total
+
+
+def predict_chunks(X, n_slots):
+    """Cut the rows of a CSR matrix (scipy) into runs whose distinct columns
+    fit ``n_slots``: ``[(r0, r1, cols)]``, ``cols`` sorted.  Runs are halved
+    until they fit (vectorised: no Python loop per row); a single row with
+    more distinct columns than slots is refused."""
+    indptr, indices = X.indptr, X.indices
+    out, todo = [], [(0, X.shape[0])]
+    while todo:
+        r0, r1 = todo.pop()
+        cols = np.unique(indices[indptr[r0] : indptr[r1]]).astype(np.int64)
+        if cols.size <= n_slots:
+            out.append((r0, r1, cols))
+        elif r1 - r0 == 1:
+            raise MemoryError(
+                f"row {r0} has {cols.size:,} distinct features, more than the "
+                f"{n_slots:,} rows of the model the device-memory limit leaves"
+            )
+        else:
+            mid = (r0 + r1) // 2
+            todo += [(mid, r1), (r0, mid)]
+    return out
+
+
+def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=True):
+    """Decision values of a canonical CSR ``X`` (scipy, user feature order)
+    with at most ``n_slots`` rows of the model on the device at a time: for
+    each run of rows (:func:`predict_chunks`), the model rows of its columns
+    go to the device and the run's column ids are renumbered to them (in
+    order, so each row sums its terms in the same order as the full
+    product).  Returns float64 ``(n_samples, n_outputs)`` on the host."""
+    import scipy.sparse as sp
+
+    out = np.empty((X.shape[0], w.shape[1]))
+    for r0, r1, cols in predict_chunks(X, n_slots):
+        part = X[r0:r1]
+        local = np.searchsorted(cols, part.indices)
+        Xc = sp.csr_matrix((part.data, local, part.indptr), shape=(r1 - r0, cols.size))
+        Z = backend.decision_function(
+            backend.put_csr(Xc), backend.to_device(w[cols]), backend.to_device(b),
+            None if V is None else backend.to_device(V[cols]), fit_linear=fit_linear,
+        )
+        out[r0:r1] = np.asarray(backend.to_host(Z))
+    return out

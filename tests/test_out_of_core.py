@@ -149,3 +149,23 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
     out = rows.result()
     for k_, a in resident.arrays().items():
         np.testing.assert_array_equal(getattr(out, k_), a, err_msg=k_)
+
+
+@pytest.mark.parametrize("fm", [False, True])
+def test_prediction_with_a_few_model_rows_equals_the_full_product(fm):
+    X, _ = _data(seed=4, n=300)
+    X = X.tocsr()
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(X.shape[1], 1)).astype(np.float32)
+    V = rng.normal(size=(X.shape[1], 3)).astype(np.float32) if fm else None
+    b = np.array([0.25], dtype=np.float32)
+    ref = _cpu.decision_function(X, w, b, V)
+    widest = int(np.diff(X.indptr).max())
+    for n_slots in (widest, 3 * widest, X.shape[1]):
+        chunks = ooc.predict_chunks(X, n_slots)
+        assert [c[0] for c in chunks][1:] == [c[1] for c in chunks][:-1]
+        assert all(c[2].size <= n_slots for c in chunks)
+        got = ooc.decision_function_out_of_core(_cpu, X, w, b, V, n_slots)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(MemoryError, match="distinct features"):
+        ooc.predict_chunks(X, widest - 1)
