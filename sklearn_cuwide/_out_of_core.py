@@ -90,22 +90,54 @@ def state_row_bytes(n_outputs, n_factors, *, adagrad, fit_linear=True, itemsize=
     return int(per * itemsize * (2 if adagrad else 1))
 
 
-def batch_cold_counts(layout, n_resident):
-    """Distinct features ``>= n_resident`` of each mini-batch (numpy, int64).
+def _host(a):
+    """A host (numpy) copy of a numpy or device array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
 
-    A mini-batch's sample blocks may share features, so they are counted
-    over the whole mini-batch, not per tile."""
+
+@dataclass(frozen=True)
+class ColdSets:
+    """The distinct cold features (``>= n_resident``) of every mini-batch,
+    as host CSR: mini-batch ``b``'s are ``ids[ptr[b]:ptr[b + 1]]``, sorted.
+    A mini-batch's sample blocks may share features: they are counted over
+    the whole mini-batch."""
+
+    n_resident: int
+    ptr: np.ndarray
+    ids: np.ndarray
+
+    def counts(self):
+        return np.diff(self.ptr)
+
+    def of(self, b):
+        return self.ids[self.ptr[b] : self.ptr[b + 1]]
+
+
+def cold_sets(layout, n_resident, xp=np):
+    """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``: one
+    sort there, then only the distinct (mini-batch, feature) pairs come to
+    the host)."""
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
-    feat = np.asarray(layout.feat).astype(np.int64)
-    nz_batch = np.repeat(np.arange(layout.n_batches, dtype=np.int64),
-                         tp[2 * bsp[1:]] - tp[2 * bsp[:-1]])
+    nnz_per_batch = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    feat = layout.feat
+    nz_batch = xp.repeat(xp.arange(layout.n_batches, dtype=xp.int64),
+                         xp.asarray(nnz_per_batch))
     cold = feat >= n_resident
-    key = np.unique(nz_batch[cold] * layout.n_features + feat[cold])
-    return np.bincount(key // layout.n_features, minlength=layout.n_batches)
+    key = xp.unique(nz_batch[cold] * layout.n_features + feat[cold].astype(xp.int64))
+    key = _host(key)
+    ptr = np.zeros(layout.n_batches + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key // layout.n_features, minlength=layout.n_batches),
+              out=ptr[1:])
+    return ColdSets(int(n_resident), ptr, key % layout.n_features)
 
 
-def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25):
+def batch_cold_counts(layout, n_resident, xp=np):
+    """Distinct features ``>= n_resident`` of each mini-batch (int64)."""
+    return cold_sets(layout, n_resident, xp).counts()
+
+
+def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25, xp=np):
     """The rows that fit ``budget_bytes``: all of them when they fit, else a
     resident prefix and scratch slots for the largest mini-batch's cold set.
 
@@ -124,11 +156,11 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25):
         n_resident = fit_rows - n_slots
         if n_resident < layout.n_hot:
             break
-        need = int(batch_cold_counts(layout, n_resident).max(initial=0))
+        need = int(batch_cold_counts(layout, n_resident, xp).max(initial=0))
         if need <= n_slots:
             return ResidencyPlan(n, n_resident, n_slots, row_bytes)
         n_slots = need
-    least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot).max(initial=0))
+    least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot, xp).max(initial=0))
     raise MemoryError(
         f"the model does not fit: {n} features of {row_bytes} bytes each; the "
         f"budget of {int(budget_bytes):,} bytes holds {fit_rows:,} rows, and training "
@@ -138,18 +170,13 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25):
     )
 
 
-def plan_windows(layout, batch_order, n_resident, n_slots):
-    """Cut ``batch_order`` into :class:`Window` s whose cold features fit
-    ``n_slots``, greedily: a window grows until the next mini-batch would
-    overflow the slots."""
-    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
-    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
-    feat = np.asarray(layout.feat)
+def plan_windows(sets, batch_order, n_slots):
+    """Cut ``batch_order`` into :class:`Window` s whose cold features
+    (``sets``: :class:`ColdSets`) fit ``n_slots``, greedily: a window grows
+    until the next mini-batch would overflow the slots."""
     windows, cur, cold = [], [], np.empty(0, dtype=np.int64)
     for bt in np.asarray(batch_order, dtype=np.int64):
-        a, b = tp[2 * bsp[bt]], tp[2 * bsp[bt + 1]]
-        f = feat[a:b].astype(np.int64)
-        mine = np.unique(f[f >= n_resident])
+        mine = sets.of(bt)
         if mine.size > n_slots:
             raise MemoryError(
                 f"mini-batch {int(bt)} touches {mine.size:,} cold features, more "
@@ -238,7 +265,8 @@ def slot_features(window, n_resident, n_slots):
 class HostRows:
     """The cold rows of a state in host memory, and the device buffer.
 
-    ``state``: a full state in layout feature order (numpy).  Its rows
+    ``state``: a full state in layout feature order (numpy); ``sets``: the
+    layout's :class:`ColdSets` at ``plan.n_resident``.  The state's rows
     ``>= n_resident`` stay on the host (views of ``state``'s arrays, updated
     in place); the device buffer (:attr:`device`, arrays of ``xp``) holds the
     resident rows and the slots.  :meth:`load` and :meth:`store` move a
@@ -246,8 +274,8 @@ class HostRows:
     back and returns the full state.
     """
 
-    def __init__(self, state, plan, to_device, to_host):
-        self.plan, self.state = plan, state
+    def __init__(self, state, plan, sets, to_device, to_host):
+        self.plan, self.state, self.sets = plan, state, sets
         self._to_device, self._to_host = to_device, to_host
         r, s = plan.n_resident, plan.n_slots
         dev = {}
@@ -286,19 +314,20 @@ class HostRows:
 
 
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
-                          batch_order, *, penalty_scale=None, workers=None):
+                          batch_order, *, penalty_scale=None, workers=None, xp=np):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
     backend's ``run_epoch`` takes them for ``layout`` (numpy).
     ``penalty_scale``: the full layout's per-feature penalty factor (layout
     order) when ``params`` scales the penalties: a window layout would count
-    its own mini-batches only.  Returns the epoch's weighted loss sum.
+    its own mini-batches only.  ``xp``: the module of the layout's nonzeros.
+    Returns the epoch's weighted loss sum.
     """
     plan = rows.plan
     total = 0.0
-    for win in plan_windows(layout, batch_order, plan.n_resident, plan.n_slots):
-        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots)
+    for win in plan_windows(rows.sets, batch_order, plan.n_slots):
+        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp)
         if penalty_scale is not None:
             ids = slot_features(win, plan.n_resident, plan.n_slots)
             ps = np.where(ids >= 0, penalty_scale[np.maximum(ids, 0)], 0.0)

@@ -50,7 +50,7 @@ def test_windows_cover_the_order_and_fit_the_slots(extra):
     n_res = 10
     n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + extra
     order = np.random.default_rng(3).permutation(L.n_batches)
-    wins = ooc.plan_windows(L, order, n_res, n_slots)
+    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
     np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
     for i, w in enumerate(wins):
         ref = np.unique(np.concatenate([
@@ -71,7 +71,7 @@ def test_a_mini_batch_wider_than_the_slots_is_refused():
     L = _layout(X)
     widest = int(ooc.batch_cold_counts(L, 0).max())
     with pytest.raises(MemoryError, match="cold features"):
-        ooc.plan_windows(L, np.arange(L.n_batches), 0, widest - 1)
+        ooc.plan_windows(ooc.cold_sets(L, 0), np.arange(L.n_batches), widest - 1)
 
 
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
@@ -79,7 +79,7 @@ def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
     L = _layout(X)
     n_res, n_slots = 12, 200
     order = np.random.default_rng(5).permutation(L.n_batches)
-    for w in ooc.plan_windows(L, order, n_res, n_slots):
+    for w in ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots):
         sub, rows = ooc.window_layout(L, w, n_res, n_slots)
         ids = ooc.slot_features(w, n_res, n_slots)
         assert sub.n_batches == w.batches.size
@@ -134,13 +134,14 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
     rb = ooc.state_row_bytes(1, k, adagrad=solver == "adagrad")
     plan = ooc.plan_residency(L, rb, 90 * rb)
     assert plan.out_of_core
-    rows = ooc.HostRows(copy.deepcopy(state), plan, np.asarray, np.asarray)
+    sets = ooc.cold_sets(L, plan.n_resident)
+    rows = ooc.HostRows(copy.deepcopy(state), plan, sets, np.asarray, np.asarray)
     ps = penalty_scale(L).astype(np.float64) if scaled else None
     rng = np.random.default_rng(11)
     n_windows = 0
     for _ in range(2):
         order = rng.permutation(L.n_batches)
-        n_windows += len(ooc.plan_windows(L, order, plan.n_resident, plan.n_slots))
+        n_windows += len(ooc.plan_windows(sets, order, plan.n_slots))
         ref = _cpu.run_epoch(L, yl, swl, bw, resident, params, order)
         got = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
                                         penalty_scale=ps)
