@@ -203,10 +203,17 @@ def _ranges(xp, starts, stops):
     return starts[seg] + (xp.arange(total, dtype=xp.int64) - offs[seg])
 
 
-def window_layout(layout, window, n_resident, n_slots, xp=np):
+def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None):
     """The layout of ``window``'s mini-batches alone, cold ids renumbered to
     slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
     ``window.cold[s] == f``.
+
+    Its per-feature statistics are the whole layout's, taken to the slots:
+    ``penalty_factors`` from ``penalty`` (the whole layout's penalty factors,
+    or None when the penalties are not scaled), and ``feature_counts`` the
+    whole layout's counts scaled to the window's rows (what a backend's
+    concurrency damping reads as each feature's frequency); its features are
+    in layout order (``feature_order`` the identity).
 
     Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
     mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
@@ -233,6 +240,14 @@ def window_layout(layout, window, n_resident, n_slots, xp=np):
         np.cumsum(counts, out=out[1:])
         return out
 
+    ids = slot_features(window, n_resident, n_slots)
+    used = ids >= 0
+    ranked = np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
+    counts = np.where(used, ranked[np.maximum(ids, 0)], 0) * (
+        rows.shape[0] / max(layout.n_rows, 1))
+    factors = None
+    if penalty is not None:
+        factors = np.where(used, np.asarray(penalty)[np.maximum(ids, 0)], 0.0)
     sub = TileLayout(
         n_rows=int(rows.shape[0]),
         n_features=int(n_resident + n_slots),
@@ -246,9 +261,10 @@ def window_layout(layout, window, n_resident, n_slots, xp=np):
         sblock_row_ptr=ptr(sb_len),
         batch_sblock_ptr=ptr(bsp[bts + 1] - bsp[bts]),
         row_order=rows,
-        feature_order=None,
-        feature_rank=None,
-        feature_counts=None,
+        feature_order=np.arange(n_resident + n_slots, dtype=np.int64),
+        feature_rank=np.arange(n_resident + n_slots, dtype=np.int64),
+        feature_counts=counts,
+        penalty_factors=factors,
     )
     return sub, rows
 
@@ -327,11 +343,8 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     plan = rows.plan
     total = 0.0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots):
-        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp)
-        if penalty_scale is not None:
-            ids = slot_features(win, plan.n_resident, plan.n_slots)
-            ps = np.where(ids >= 0, penalty_scale[np.maximum(ids, 0)], 0.0)
-            sub.__dict__["_penalty_scale"] = ps
+        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
+                                   penalty=penalty_scale)
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),

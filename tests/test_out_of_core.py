@@ -170,3 +170,27 @@ def test_prediction_with_a_few_model_rows_equals_the_full_product(fm):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(MemoryError, match="distinct features"):
         ooc.predict_chunks(X, widest - 1)
+
+
+def test_window_layout_carries_the_whole_layouts_statistics():
+    X, _ = _data(seed=9)
+    L = _layout(X)
+    n_res = 12
+    n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + 10
+    ps = penalty_scale(L).astype(np.float64)
+    ranked = L.feature_counts[L.feature_order]
+    order = np.arange(L.n_batches)
+    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
+    assert len(wins) > 1
+    for w in wins:
+        sub, rows = ooc.window_layout(L, w, n_res, n_slots, penalty=ps)
+        ids = ooc.slot_features(w, n_res, n_slots)
+        used = ids >= 0
+        np.testing.assert_array_equal(sub.penalty_factors[used], ps[ids[used]])
+        assert np.all(sub.penalty_factors[~used] == 0)
+        np.testing.assert_allclose(sub.feature_counts[used],
+                                   ranked[ids[used]] * sub.n_rows / L.n_rows)
+        # the window's own count would differ: its features are penalised
+        # as the whole layout penalises them
+        own = penalty_scale(sub)
+        assert not np.allclose(own[used], ps[ids[used]])
