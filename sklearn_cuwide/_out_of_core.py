@@ -39,6 +39,11 @@ __all__ = [
 
 #: the arrays of a state with one row per feature
 ROW_ARRAYS = ("w", "V", "gw", "gV")
+#: most nonzeros of one window: its layout is a copy on the device (the
+#: nonzeros' 10 bytes and an int64 position each), bounded whatever the slots
+MAX_WINDOW_NNZ = 1 << 22
+#: device bytes of a window's layout per nonzero, while it is made
+WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
 
 
 @dataclass(frozen=True)
@@ -170,12 +175,15 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25, xp=np
     )
 
 
-def plan_windows(sets, batch_order, n_slots):
+def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_NNZ):
     """Cut ``batch_order`` into :class:`Window` s whose cold features
     (``sets``: :class:`ColdSets`) fit ``n_slots``, greedily: a window grows
-    until the next mini-batch would overflow the slots."""
+    until the next mini-batch would overflow the slots, or (``batch_nnz``:
+    the nonzeros of each mini-batch) take it past ``max_nnz`` nonzeros."""
     windows, cur, cold = [], [], np.empty(0, dtype=np.int64)
+    nnz = 0
     for bt in np.asarray(batch_order, dtype=np.int64):
+        mine_nnz = 0 if batch_nnz is None else int(batch_nnz[bt])
         mine = sets.of(bt)
         if mine.size > n_slots:
             raise MemoryError(
@@ -183,11 +191,12 @@ def plan_windows(sets, batch_order, n_slots):
                 f"than the {n_slots:,} scratch slots"
             )
         union = np.union1d(cold, mine)
-        if cur and union.size > n_slots:
+        if cur and (union.size > n_slots or nnz + mine_nnz > max_nnz):
             windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
-            cur, union = [], mine
+            cur, union, nnz = [], mine, 0
         cur.append(int(bt))
         cold = union
+        nnz += mine_nnz
     if cur:
         windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
     return windows
@@ -283,45 +292,46 @@ class HostRows:
 
     ``state``: a full state in layout feature order (numpy); ``sets``: the
     layout's :class:`ColdSets` at ``plan.n_resident``.  The state's rows
-    ``>= n_resident`` stay on the host (views of ``state``'s arrays, updated
-    in place); the device buffer (:attr:`device`, arrays of ``xp``) holds the
-    resident rows and the slots.  :meth:`load` and :meth:`store` move a
-    window's cold rows in and out; :meth:`result` writes the resident rows
-    back and returns the full state.
+    ``>= n_resident`` stay on the host (``state``'s arrays, updated in
+    place); the device buffer (:attr:`device`, the backend's state:
+    ``backend.put_state`` of the resident rows and zeroed slots) holds the
+    rest.  :meth:`load` and :meth:`store` move a window's cold rows in and
+    out; :meth:`result` writes the resident rows back and returns the full
+    state.
     """
 
-    def __init__(self, state, plan, sets, to_device, to_host):
-        self.plan, self.state, self.sets = plan, state, sets
-        self._to_device, self._to_host = to_device, to_host
+    def __init__(self, state, plan, sets, backend):
+        self.plan, self.state, self.sets, self.backend = plan, state, sets, backend
         r, s = plan.n_resident, plan.n_slots
-        dev = {}
+        buf = {}
         for k, a in state.arrays().items():
             if k in ROW_ARRAYS:
-                buf = np.zeros((r + s,) + a.shape[1:], dtype=a.dtype)
-                buf[:r] = a[:r]
-                dev[k] = to_device(buf)
+                buf[k] = np.zeros((r + s,) + a.shape[1:], dtype=a.dtype)
+                buf[k][:r] = a[:r]
             else:
-                dev[k] = to_device(a.copy())
-        self.device = ModelState(**dev)
+                buf[k] = a.copy()
+        self.device = backend.put_state(ModelState(**buf))
 
     def load(self, cold):
-        r = self.plan.n_resident
+        r, to_device = self.plan.n_resident, self.backend.to_device
         for k in ROW_ARRAYS:
             a = getattr(self.state, k)
             if a is not None and cold.size:
-                getattr(self.device, k)[r : r + cold.size] = self._to_device(a[cold])
+                getattr(self.device, k)[r : r + cold.size] = to_device(a[cold])
 
     def store(self, cold):
-        r = self.plan.n_resident
+        r, to_host = self.plan.n_resident, self.backend.to_host
         for k in ROW_ARRAYS:
             a = getattr(self.state, k)
             if a is not None and cold.size:
-                a[cold] = self._to_host(getattr(self.device, k)[r : r + cold.size])
+                a[cold] = to_host(getattr(self.device, k)[r : r + cold.size])
 
     def result(self):
-        r = self.plan.n_resident
+        """The full state (layout order, numpy), the resident rows and the
+        intercepts copied back from the device."""
+        r, to_host = self.plan.n_resident, self.backend.to_host
         for k, a in self.state.arrays().items():
-            d = self._to_host(getattr(self.device, k))
+            d = to_host(getattr(self.device, k))
             if k in ROW_ARRAYS:
                 a[:r] = d[:r]
             else:
@@ -341,8 +351,11 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     Returns the epoch's weighted loss sum.
     """
     plan = rows.plan
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
     total = 0.0
-    for win in plan_windows(rows.sets, batch_order, plan.n_slots):
+    for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
                                    penalty=penalty_scale)
         rows.load(win.cold)
@@ -355,13 +368,19 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     return total
 
 
-def predict_chunks(X, n_slots):
+def predict_chunks(X, n_slots, max_rows=None):
     """Cut the rows of a CSR matrix (scipy) into runs whose distinct columns
-    fit ``n_slots``: ``[(r0, r1, cols)]``, ``cols`` sorted.  Runs are halved
-    until they fit (vectorised: no Python loop per row); a single row with
-    more distinct columns than slots is refused."""
+    fit ``n_slots`` (and of at most ``max_rows`` rows): ``[(r0, r1, cols)]``,
+    ``cols`` sorted.  Runs are halved until they fit (vectorised: no Python
+    loop per row); a single row with more distinct columns than slots is
+    refused."""
     indptr, indices = X.indptr, X.indices
-    out, todo = [], [(0, X.shape[0])]
+    if max_rows is None:
+        max_rows = max(X.shape[0], 1)
+    step = int(max_rows)
+    out, todo = [], [(a, min(a + step, X.shape[0])) for a in range(0, X.shape[0], step)][::-1]
+    if not todo:
+        todo = [(0, 0)]
     while todo:
         r0, r1 = todo.pop()
         cols = np.unique(indices[indptr[r0] : indptr[r1]]).astype(np.int64)
@@ -378,7 +397,8 @@ def predict_chunks(X, n_slots):
     return out
 
 
-def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=True):
+def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=True,
+                                  max_rows=None):
     """Decision values of a canonical CSR ``X`` (scipy, user feature order)
     with at most ``n_slots`` rows of the model on the device at a time: for
     each run of rows (:func:`predict_chunks`), the model rows of its columns
@@ -388,7 +408,7 @@ def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=Tr
     import scipy.sparse as sp
 
     out = np.empty((X.shape[0], w.shape[1]))
-    for r0, r1, cols in predict_chunks(X, n_slots):
+    for r0, r1, cols in predict_chunks(X, n_slots, max_rows):
         part = X[r0:r1]
         local = np.searchsorted(cols, part.indices)
         Xc = sp.csr_matrix((part.data, local, part.indptr), shape=(r1 - r0, cols.size))
@@ -398,3 +418,57 @@ def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=Tr
         )
         out[r0:r1] = np.asarray(backend.to_host(Z))
     return out
+
+
+class OutOfCoreModel:
+    """A mini-batch fit's model when it does not fit the device: what
+    :func:`sklearn_cuwide._solvers.fit_minibatch` uses instead of a device
+    state.
+
+    ``state``: the starting state (user feature order, numpy; factors not
+    drawn yet are drawn on the host, in layout order, with the same
+    generator); ``model_rows``: the device rows the model may take (the
+    memory plan's).  Raises ``MemoryError`` when not even the hot features
+    and the widest mini-batch's cold ones fit.
+    """
+
+    def __init__(self, backend, layout, state, params, model_rows):
+        from ._backends import _cpu
+        from ._layout import penalty_scale
+
+        self.backend, self.layout, self.params = backend, layout, params
+        xp = _array_module(layout.feat, backend)
+        host = state.put_in_layout_order(layout.feature_order, _cpu)
+        adagrad = host.gw is not None
+        row_bytes = state_row_bytes(host.n_outputs, host.n_factors, adagrad=adagrad,
+                                    fit_linear=True, itemsize=host.w.dtype.itemsize)
+        self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
+        sets = cold_sets(layout, self.plan.n_resident, xp)
+        self.rows = HostRows(host, self.plan, sets, backend)
+        self._xp = xp
+        self.penalty = None
+        if params.penalty_scaled:
+            self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
+
+    def epoch(self, y_l, sw_l, batch_weight, order, workers=None):
+        """One epoch in ``order``; its weighted loss sum."""
+        return run_epoch_out_of_core(
+            self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
+            order, penalty_scale=self.penalty, workers=workers, xp=self._xp)
+
+    def state(self):
+        """The whole state now (layout order, numpy)."""
+        return self.rows.result()
+
+    def decision_function(self, X):
+        """Decision values of ``X`` (scipy CSR in *layout* feature order)
+        with the model's current state, a device's worth of rows at a time."""
+        st = self.state()
+        return decision_function_out_of_core(
+            self.backend, X, st.w, st.b, st.V, self.plan.device_rows,
+            fit_linear=self.params.fit_linear)
+
+
+def _array_module(a, backend):
+    """numpy for a host array, else the backend's module."""
+    return np if isinstance(a, np.ndarray) else backend.xp

@@ -3,6 +3,7 @@ references, and epochs with the cold rows on the host equal to resident
 epochs (CPU backend, mini-batches in order)."""
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -135,7 +136,7 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
     plan = ooc.plan_residency(L, rb, 90 * rb)
     assert plan.out_of_core
     sets = ooc.cold_sets(L, plan.n_resident)
-    rows = ooc.HostRows(copy.deepcopy(state), plan, sets, np.asarray, np.asarray)
+    rows = ooc.HostRows(copy.deepcopy(state), plan, sets, _cpu)
     ps = penalty_scale(L).astype(np.float64) if scaled else None
     rng = np.random.default_rng(11)
     n_windows = 0
@@ -194,3 +195,84 @@ def test_window_layout_carries_the_whole_layouts_statistics():
         # as the whole layout penalises them
         own = penalty_scale(sub)
         assert not np.allclose(own[used], ps[ids[used]])
+
+
+@pytest.mark.parametrize("model,solver,scaled", [
+    ("linear", "adagrad", True), ("fm", "adagrad", False), ("fm", "sgd", True),
+])
+def test_fit_minibatch_out_of_core_equals_the_resident_fit(model, solver, scaled):
+    from sklearn_cuwide._solvers import fit_minibatch
+
+    X, y = _data(seed=13, n=700)
+    L = _layout(X)
+    sw = np.random.default_rng(4).uniform(0.5, 2.0, X.shape[0])
+    params = StepParams(model=model, solver=solver, learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3, penalty_scaled=scaled)
+    k = 4 if model == "fm" else 0
+
+    def start():  # factors drawn when the fit places the state, as estimators do
+        st = ModelState.zeros(X.shape[1], 1, k, adagrad=solver == "adagrad",
+                              init_scale=0.1, random_state=3, draw=False)
+        st.b[:] = 0.1
+        return st
+
+    Xv, yv = _data(seed=14, n=200)
+    val = (Xv.tocsr(), yv.astype(np.float64), np.ones(200))
+    kw = dict(backend=_cpu, max_iter=3, shuffle=True, random_state=5, validation=val)
+    ref = fit_minibatch(L, y, sw, start(), params, **kw)
+    got = fit_minibatch(L, y, sw, start(), params, model_rows=80, **kw)
+    assert got[1] == ref[1]
+    # the curves: the epoch's loss is summed window by window (rounding)
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-13)
+    np.testing.assert_allclose(got[3], ref[3], rtol=1e-13)
+    for name, a in ref[0].arrays().items():
+        np.testing.assert_array_equal(getattr(got[0], name), a, err_msg=name)
+    with pytest.raises(MemoryError, match="device_memory_limit"):
+        fit_minibatch(L, y, sw, start(), params, model_rows=L.n_hot + 1, **kw)
+
+
+def test_windows_bounded_by_nonzeros():
+    X, _ = _data()
+    L = _layout(X)
+    bsp, tp = L.batch_sblock_ptr, L.tile_ptr
+    batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    order = np.arange(L.n_batches)
+    cap = 3 * int(batch_nnz.max())
+    wins = ooc.plan_windows(ooc.cold_sets(L, 0), order, L.n_features, batch_nnz, cap)
+    assert len(wins) > 1
+    np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
+    for i, w in enumerate(wins):
+        assert batch_nnz[w.batches].sum() <= cap
+        if i + 1 < len(wins):
+            assert batch_nnz[w.batches].sum() + batch_nnz[wins[i + 1].batches[0]] > cap
+
+
+def test_a_prediction_whose_model_does_not_fit_runs_out_of_core():
+    from sklearn_cuwide import _memory
+
+    s = _memory.PredictShape(n_rows=10**6, n_features=2**26, nnz=39 * 10**6,
+                             index_itemsize=4, value_itemsize=4, n_factors=16,
+                             max_row_nnz=39)
+    full = _memory.plan_predict(s, "cuda", {"host": None, "device": 2**40}, {})
+    assert full.fits and full.model_rows is None
+    need = full.peak("device")
+    plan = _memory.plan_predict(s, "cuda", {"host": None, "device": need // 4},
+                                {"host": "h", "device": "d"})
+    assert plan.fits and 39 <= plan.model_rows < s.n_features
+    assert plan.peak("device") <= need // 4
+    # the most model rows that fit
+    more = _memory.predict_needs(replace(s, model_rows=plan.model_rows + 1), "cuda")
+    assert sum(more["device"]["prediction"].values()) > need // 4
+
+
+def test_out_of_core_decision_values_equal_the_resident_ones():
+    from sklearn_cuwide._base import _decision_values, _decision_values_out_of_core
+
+    X, _ = _data(seed=21, n=400)
+    rng = np.random.default_rng(1)
+    heads = [(rng.normal(size=(X.shape[1], 1)).astype(np.float32),
+              np.array([0.1], dtype=np.float32),
+              rng.normal(size=(X.shape[1], 3)).astype(np.float32)) for _ in range(2)]
+    ref = _decision_values(_cpu, X, heads)
+    got = _decision_values_out_of_core(_cpu, X, heads, int(np.diff(X.indptr).max()) + 5)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
