@@ -347,6 +347,11 @@ def _minibatch_parts(s, where, layout):
             (s.n_heads - 1) * state
             + s.n_heads * state_bytes(s.n_features, s.n_outputs, s.n_factors))
         train["targets and sample weights in layout order"] = 4 * 8 * n
+        # early stopping keeps the best epoch's state: on the host for the
+        # CPU backend and for a model out of core
+        if s.validation_fraction is not None and (
+                layout == "host" or (s.model_rows is not None and s.model_rows < d)):
+            train["the best epoch's copy of the model state"] = state
         if layout == "streamed":
             train["two pinned staging chunks"] = 2 * STREAM_CHUNK_BYTES
         elif layout == "uploaded":
@@ -385,6 +390,8 @@ def _minibatch_parts(s, where, layout):
     rows = d if s.model_rows is None else min(int(s.model_rows), d)
     dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
     train["the model state"] = dev_state
+    if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
+        train["the best epoch's copy of the model state"] = dev_state
     if rows < d:  # out of core: a window's layout, the rows on their way
         train["a window's layout"] = WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ)
         train["the cold rows in transit"] = dev_state

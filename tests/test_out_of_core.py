@@ -276,3 +276,35 @@ def test_out_of_core_decision_values_equal_the_resident_ones():
     ref = _decision_values(_cpu, X, heads)
     got = _decision_values_out_of_core(_cpu, X, heads, int(np.diff(X.indptr).max()) + 5)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_out_of_core_fit_restores_the_best_epoch_as_the_resident_fit(monkeypatch):
+    from sklearn_cuwide import _solvers
+
+    X, y = _data(seed=17, n=700)
+    L = _layout(X)
+    sw = np.ones(X.shape[0])
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+
+    def start():
+        return ModelState.zeros(X.shape[1], 1, 4, adagrad=True, init_scale=0.1,
+                                random_state=3, draw=False)
+
+    # validation losses made up: the second of three epochs is the best
+    def scripted():
+        it = iter([0.5, 0.4, 0.6])
+        return lambda *a, **k: next(it)
+
+    Xv, yv = _data(seed=18, n=100)
+    kw = dict(backend=_cpu, max_iter=3, random_state=5,
+              validation=(Xv.tocsr(), yv.astype(np.float64), np.ones(100)))
+    monkeypatch.setattr(_solvers, "_validation_loss", scripted())
+    ref = _solvers.fit_minibatch(L, y, sw, start(), params, **kw)
+    monkeypatch.setattr(_solvers, "_host_validation_loss", scripted())
+    got = _solvers.fit_minibatch(L, y, sw, start(), params, model_rows=80, **kw)
+    two = _solvers.fit_minibatch(L, y, sw, start(), params, model_rows=80,
+                                 **{**kw, "max_iter": 2, "validation": None})
+    for name, a in ref[0].arrays().items():
+        np.testing.assert_array_equal(getattr(got[0], name), a, err_msg=name)
+        np.testing.assert_array_equal(getattr(two[0], name), a, err_msg=name)
