@@ -27,6 +27,7 @@ from . import _device, _memory
 from ._backends import get_backend
 from ._config import get_config
 from ._minibatch import COMPUTE_DTYPE, Schedule, uses_validation
+from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
 from ._validation import check_sparse_structure
@@ -255,9 +256,10 @@ def _plan_fit(est, X, y, backend, reset):
 
 def _plan_predict(X, heads, backend, heads_on_device):
     """Plan a prediction's memory; raise when it cannot fit."""
-    nnz, _, index_itemsize, value_itemsize = _csr_numbers(X)
+    nnz, longest, index_itemsize, value_itemsize = _csr_numbers(X)
     w, _, V = heads[0]
     shape = _memory.PredictShape(
+        max_row_nnz=int(longest),
         n_rows=int(X.shape[0]), n_features=int(X.shape[1]), nnz=nnz,
         index_itemsize=index_itemsize, value_itemsize=value_itemsize,
         n_outputs=int(np.shape(w)[1]), n_heads=len(heads),
@@ -349,6 +351,18 @@ def _decision_values(backend, X, heads, *, fit_linear=True, device_heads=None):
                    dtype=np.float64)
         for w, b, V in device_heads
     ]
+    return cols[0] if len(cols) == 1 else np.hstack(cols)
+
+
+def _decision_values_out_of_core(backend, X, heads, model_rows, *, fit_linear=True):
+    """:func:`_decision_values` with at most ``model_rows`` feature rows of
+    a model on the device at a time (:mod:`sklearn_cuwide._out_of_core`)."""
+    X = canonical_csr(X.get() if backend.holds(X) else X)
+    cols = [decision_function_out_of_core(backend, X, np.asarray(w), np.asarray(b),
+                                          None if V is None else np.asarray(V), model_rows,
+                                          fit_linear=fit_linear,
+                                          max_rows=_memory.PREDICT_RUN_ROWS)
+            for w, b, V in heads]
     return cols[0] if len(cols) == 1 else np.hstack(cols)
 
 
@@ -552,7 +566,9 @@ class _CuWideEstimator(BaseEstimator):
             X = _check_predict_data(self, X, backend)
             heads = self._heads()
             device_heads = self._valid_gpu_cache(backend)
-            _plan_predict(X, heads, backend, device_heads is not None)
+            plan = _plan_predict(X, heads, backend, device_heads is not None)
+            if plan.model_rows is not None:  # the model's rows a run of rows at a time
+                return _decision_values_out_of_core(backend, X, heads, plan.model_rows)
             return _decision_values(backend, X, heads, device_heads=device_heads)
 
     def __getstate__(self):

@@ -93,6 +93,11 @@ class TileLayout:
     feature_counts : ndarray of int64, shape (n_features,)
         Nonzero entries per feature (stored zeros not counted, each of a
         cell's duplicate entries counted), in the user's feature order.
+    penalty_factors : ndarray of float64, shape (n_features,), or None
+        The per-feature penalty factor (:func:`penalty_scale`, layout order)
+        of the layout this one is a window of (an out-of-core fit's window
+        holds some mini-batches only, so it cannot count them itself); None
+        for a whole layout, whose factors are computed from it.
     """
 
     n_rows: int
@@ -110,6 +115,7 @@ class TileLayout:
     feature_order: np.ndarray
     feature_rank: np.ndarray
     feature_counts: np.ndarray
+    penalty_factors: np.ndarray = None
 
     @property
     def nnz(self):

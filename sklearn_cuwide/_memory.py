@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
+from ._out_of_core import MAX_WINDOW_NNZ, WINDOW_BYTES_PER_NNZ
+
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
     "plan_predict", "fit_needs", "predict_needs", "layout_blocks", "layout_bytes", "layout_index_bytes", "csr_bytes",
@@ -50,6 +52,9 @@ DEVICE_CHUNK_NNZ = 1 << 23
 STREAM_CHUNK_BYTES = 64 << 20
 #: L-BFGS's stored correction pairs (``minimize_lbfgs``'s ``m``)
 LBFGS_PAIRS = 10
+#: most rows of one run of an out-of-core prediction
+#: (:func:`sklearn_cuwide._out_of_core.predict_chunks`)
+PREDICT_RUN_ROWS = 1 << 16
 #: the largest sample block (``_layout.MAX_SAMPLE_BLOCK``)
 MAX_SAMPLE_BLOCK = 65536
 
@@ -230,7 +235,9 @@ class FitShape:
     per sample block (``backend.tile_shape``); ``index_itemsize`` and
     ``value_itemsize`` are ``X``'s; ``on_device`` is True for cupy input;
     ``solver`` "sgd", "adagrad" or "lbfgs"; ``validation_fraction`` None
-    without early stopping.
+    without early stopping; ``model_rows`` the feature rows of the model on
+    the device (None: all of them; fewer: trained out of core,
+    :mod:`sklearn_cuwide._out_of_core`).
     """
 
     n_rows: int
@@ -249,6 +256,7 @@ class FitShape:
     validation_fraction: object = None
     fit_intercept: bool = True
     on_device: bool = False
+    model_rows: object = None
 
     @property
     def adagrad(self):
@@ -270,6 +278,8 @@ class PredictShape:
     n_factors: int = 0
     on_device: bool = False
     heads_on_device: bool = False
+    max_row_nnz: int = 0
+    model_rows: object = None
 
 
 # --------------------------------------------------------------------------
@@ -337,6 +347,11 @@ def _minibatch_parts(s, where, layout):
             (s.n_heads - 1) * state
             + s.n_heads * state_bytes(s.n_features, s.n_outputs, s.n_factors))
         train["targets and sample weights in layout order"] = 4 * 8 * n
+        # early stopping keeps the best epoch's state: on the host for the
+        # CPU backend and for a model out of core
+        if s.validation_fraction is not None and (
+                layout == "host" or (s.model_rows is not None and s.model_rows < d)):
+            train["the best epoch's copy of the model state"] = state
         if layout == "streamed":
             train["two pinned staging chunks"] = 2 * STREAM_CHUNK_BYTES
         elif layout == "uploaded":
@@ -372,12 +387,19 @@ def _minibatch_parts(s, where, layout):
         train["two streamed chunks of the layout"] = 2 * c_nnz * per_nnz
     else:
         train["the training layout"] = lay
-    train["the model state"] = state
+    rows = d if s.model_rows is None else min(int(s.model_rows), d)
+    dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
+    train["the model state"] = dev_state
+    if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
+        train["the best epoch's copy of the model state"] = dev_state
+    if rows < d:  # out of core: a window's layout, the rows on their way
+        train["a window's layout"] = WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ)
+        train["the cold rows in transit"] = dev_state
     # the penalty factors (with their computation's int64 and float64
     # temporaries), their copy beside Adagrad's sums, and the step scales of
     # concurrent workers (frequencies, scales and a temporary)
     train["per-feature step factors"] = (
-        (28 * d + (4 * d if s.adagrad else 0) if s.penalty_scaled else 0) + 12 * d)
+        (28 * d + (4 * d if s.adagrad else 0) if s.penalty_scaled else 0) + 12 * rows)
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
     phases["training"] = train
     return phases
@@ -441,6 +463,14 @@ def predict_needs(shape, backend):
                                                            + 2 * 8 * d * k)
         return {"host": {"prediction": host}}
     dev = {}
+    if s.model_rows is not None:  # out of core: a run of rows and its model rows
+        rows = min(n, PREDICT_RUN_ROWS)
+        dev["a run of X on the device"] = csr_bytes(rows * max(s.max_row_nnz, 1), rows,
+                                                    s.index_itemsize, s.value_itemsize)
+        dev["the run's model rows"] = 4 * (int(s.model_rows) * (D + k) + D)
+        dev["the run's decision values"] = rows * D * (4 + 8)
+        host["a run's model rows, gathered"] = 4 * int(s.model_rows) * (D + k)
+        return {"host": {"prediction": host}, "device": {"prediction": dev}}
     if not s.on_device:
         dev["X on the device"] = x
     if not s.heads_on_device:
@@ -487,6 +517,10 @@ class MemoryPlan:
         Whether every need is within what is available.
     suggestions : tuple of str
         Settings that would fit (when it does not).
+    model_rows : int or None
+        The model's feature rows on the device when it trains out of core
+        (its parameters and optimiser state do not fit beside the layout),
+        else None.
     """
 
     what: str
@@ -497,6 +531,7 @@ class MemoryPlan:
     how: dict
     fits: bool
     suggestions: tuple = ()
+    model_rows: object = None
 
     def peak(self, where):
         """The largest phase's bytes on ``where`` ("host" or "device")."""
@@ -577,6 +612,13 @@ def plan_fit(shape, backend, available, how):
             if _within(needs, available):
                 return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how),
                                   True)
+        for layout in ("device", "uploaded", "streamed"):
+            rows = _model_rows(shape, layout, available)
+            if rows is not None:
+                part = replace(shape, model_rows=rows)
+                return MemoryPlan("fit", backend, layout, fit_needs(part, backend, layout),
+                                  dict(available), dict(how), True, model_rows=rows)
+        needs = fit_needs(shape, backend, "streamed")
     else:
         layout = "host" if backend == "cpu" and shape.solver != "lbfgs" else None
         needs = fit_needs(shape, backend, layout)
@@ -586,9 +628,34 @@ def plan_fit(shape, backend, available, how):
                       _fit_suggestions(shape, backend, available, needs))
 
 
+def least_model_rows(shape):
+    """The fewest feature rows an out-of-core model is planned with: every
+    feature of one mini-batch (:func:`sklearn_cuwide._out_of_core.plan_residency`
+    then checks the actual hot and cold sets of the layout)."""
+    return min(int(shape.n_features), int(shape.batch_size) * max(int(shape.max_row_nnz), 1))
+
+
+def _model_rows(shape, layout, available):
+    """The most feature rows of the model that fit the device beside
+    ``layout`` (fewer than all: out of core), or None when not even
+    :func:`least_model_rows` fit."""
+    lo, hi = least_model_rows(shape), int(shape.n_features) - 1
+    if lo > hi or not _within(fit_needs(replace(shape, model_rows=lo), "cuda", layout),
+                              available):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _within(fit_needs(replace(shape, model_rows=mid), "cuda", layout), available):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _fits(shape, backend, available):
     if backend == "cuda" and shape.solver != "lbfgs":
         return any(_within(fit_needs(shape, backend, lay), available)
+                   or _model_rows(shape, lay, available) is not None
                    for lay in ("device", "uploaded", "streamed"))
     lay = "host" if backend == "cpu" and shape.solver != "lbfgs" else None
     return _within(fit_needs(shape, backend, lay), available)
@@ -618,7 +685,9 @@ def _fit_suggestions(s, backend, available, needs):
         out.append("batch_size=256")
     if "device" in needs:
         layouts = ("device", "uploaded", "streamed") if s.solver != "lbfgs" else (None,)
-        device_need = min(_peak(fit_needs(s, backend, lay)["device"])[0] for lay in layouts)
+        least = replace(s, model_rows=least_model_rows(s)) if s.solver != "lbfgs" else s
+        device_need = min(_peak(fit_needs(least, backend, lay)["device"])[0]
+                          for lay in layouts)
         out.append(
             f"a device_memory_limit (sklearn_cuwide.config_context) of at least "
             f"{format_bytes(device_need)}, on a GPU with that much free")
@@ -627,8 +696,7 @@ def _fit_suggestions(s, backend, available, needs):
             out.append("device='cpu' (the host has room)")
     else:
         out.append("a machine with more memory, or a GPU (device='cuda')")
-    out.append("a model whose parameters do not fit is not trained out of core yet: "
-               "fewer features (e.g. a smaller FeatureHasher n_features) shrink it")
+    out.append("fewer features (e.g. a smaller FeatureHasher n_features)")
     return tuple(out)
 
 
@@ -639,6 +707,20 @@ def plan_predict(shape, backend, available, how):
     if _within(needs, available):
         return MemoryPlan("prediction", backend, None, needs, dict(available), dict(how),
                           True)
+    if backend == "cuda":  # the model's rows a run of rows at a time
+        least = min(int(shape.n_features), max(int(shape.max_row_nnz), 1))
+        lo, hi = least, int(shape.n_features)
+
+        def fits(rows):
+            return _within(predict_needs(replace(shape, model_rows=rows), backend), available)
+
+        if fits(lo):
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            part = replace(shape, model_rows=lo)
+            return MemoryPlan("prediction", backend, None, predict_needs(part, backend),
+                              dict(available), dict(how), True, model_rows=lo)
     rows, found = shape.n_rows, False
     while rows > 1 and not found:
         rows //= 2

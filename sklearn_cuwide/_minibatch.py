@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
 
-from . import _device
+from . import _device, _memory
 from ._backends import _concurrency
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr
@@ -144,6 +144,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         dtype=COMPUTE_DTYPE,
     )
     workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
+    plan = _memory.active_plan()  # the model's rows on the device (None: all)
+    model_rows = None if plan is None else plan.model_rows
     progress.stage("layout")
     # a fresh model's first steps move it most: they are taken from the
     # freshest weights, with the workers added in stages
@@ -165,7 +167,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             n_iter_no_change=schedule.n_iter_no_change, shuffle=schedule.shuffle,
             random_state=seed_epochs + k, validation=validation,
             verbose=schedule.verbose, workers=workers, ramp=ramp,
-            progress=progress, log_prefix=prefix,
+            progress=progress, log_prefix=prefix, model_rows=model_rows,
         )
         curve = [float(v) for v in curve]
         vcurve = [float(v) for v in vcurve]

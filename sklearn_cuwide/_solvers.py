@@ -18,7 +18,8 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
-from ._state import FitProgress
+from ._out_of_core import OutOfCoreModel
+from ._state import FitProgress, ModelState
 
 __all__ = ["fit_minibatch", "fit_lbfgs_linear", "fit_lbfgs_summed", "batch_weights"]
 
@@ -187,6 +188,12 @@ def _validation_loss(backend, Xv, yv, swv, state, params):
     return float(xp.dot(swv, lo) / swv.sum())
 
 
+def _host_validation_loss(Z, yv, swv, params):
+    """:func:`_validation_loss` of decision values ``Z`` on the host."""
+    lo, _ = pointwise_loss(np, np.asarray(Z), yv, params.loss)
+    return float(np.dot(swv, lo) / swv.sum())
+
+
 def fit_minibatch(
     layout,
     y,
@@ -207,6 +214,7 @@ def fit_minibatch(
     progress=None,
     log_prefix="",
     restore_best=True,
+    model_rows=None,
 ):
     """Epochs of mini-batch sgd/adagrad over a tile layout.
 
@@ -254,6 +262,12 @@ def fit_minibatch(
     restore_best : bool
         With ``validation``: return the best epoch's model, not the last's
         (a copy of the state on the backend is kept while the fit runs).
+    model_rows : int or None
+        Feature rows of the model (weights, factors and their accumulators)
+        the backend's device may hold (the memory plan's); fewer than the
+        model's features train it out of core
+        (:class:`~sklearn_cuwide._out_of_core.OutOfCoreModel`: the same
+        steps; the cold rows in host memory).  None: the whole model.
 
     Returns
     -------
@@ -269,20 +283,29 @@ def fit_minibatch(
     total_w = float(sw_l.sum())
     dt = state.w.dtype
 
-    dev_layout = backend.put_layout(layout)
-    dev_y = backend.to_device(y_l.astype(dt))
-    dev_sw = backend.to_device(sw_l.astype(dt))
-    dstate = state.put_in_layout_order(layout.feature_order, backend)
+    ooc = None
+    if model_rows is not None and model_rows < layout.n_features:
+        ooc = OutOfCoreModel(backend, layout, state, params, model_rows)
+        y_l = y_l.astype(dt)
+        sw_l = sw_l.astype(dt)
+    else:
+        dev_layout = backend.put_layout(layout)
+        dev_y = backend.to_device(y_l.astype(dt))
+        dev_sw = backend.to_device(sw_l.astype(dt))
+        dstate = state.put_in_layout_order(layout.feature_order, backend)
 
     val = None
     if validation is not None:
         Xv, yv, swv = validation
         Xv = Xv.tocsr()[:, layout.feature_order]  # layout feature order
-        val = (
-            backend.put_csr(Xv),
-            xp.asarray(backend.to_device(np.asarray(yv, dtype=np.float64))),
-            xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
-        )
+        if ooc is not None:  # scored on the host, a device's worth of rows at a time
+            val = (Xv, np.asarray(yv, dtype=np.float64), np.asarray(swv, dtype=np.float64))
+        else:
+            val = (
+                backend.put_csr(Xv),
+                xp.asarray(backend.to_device(np.asarray(yv, dtype=np.float64))),
+                xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
+            )
 
     progress.stage(f"{log_prefix}upload")
     # a loss beyond the compute dtype's range is inf where the margins are
@@ -297,10 +320,13 @@ def fit_minibatch(
         order = rng.permutation(layout.n_batches) if shuffle else None
         if order is None:
             order = np.arange(layout.n_batches)
-        lsum = backend.run_epoch(
-            dev_layout, dev_y, dev_sw, bw, dstate, params, order,
-            workers=workers, ramp=ramp if epoch == 0 else 0,
-        )
+        if ooc is not None:
+            lsum = ooc.epoch(y_l, sw_l, bw, order, workers=workers)
+        else:
+            lsum = backend.run_epoch(
+                dev_layout, dev_y, dev_sw, bw, dstate, params, order,
+                workers=workers, ramp=ramp if epoch == 0 else 0,
+            )
         n_iter = epoch + 1
         ep_loss = float(lsum) / total_w if total_w > 0 else 0.0
         if not ep_loss <= loss_limit:
@@ -310,7 +336,10 @@ def fit_minibatch(
         monitored = ep_loss
         msg = f"loss {ep_loss:.6f}"
         if val is not None:
-            vl = _validation_loss(backend, *val, dstate, params)
+            if ooc is not None:
+                vl = _host_validation_loss(ooc.decision_function(val[0]), *val[1:], params)
+            else:
+                vl = _validation_loss(backend, *val, dstate, params)
             if not vl <= loss_limit:
                 raise _diverged(f"the validation loss of epoch {n_iter} is {vl:.4g}",
                                 params)
@@ -319,8 +348,13 @@ def fit_minibatch(
             if restore_best and vl < best_val:
                 best_val = vl
                 # the last epoch's state needs no copy: it is the one returned
-                best_state = (None if n_iter == int(max_iter)
-                              else _copy_state(backend.xp, dstate))
+                if n_iter == int(max_iter):
+                    best_state = None
+                elif ooc is not None:  # a host copy of the whole state
+                    best_state = ModelState(**{k: a.copy()
+                                               for k, a in ooc.state().arrays().items()})
+                else:
+                    best_state = _copy_state(backend.xp, dstate)
             msg += f", validation loss {vl:.6f}"
         label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
@@ -332,10 +366,14 @@ def fit_minibatch(
             best = min(best, monitored)
             if no_improve >= n_iter_no_change:
                 break
-    if best_state is not None and val_curve and val_curve[-1] > best_val:
-        _put_back(dstate, best_state)
-    # back to the user's feature order where the state is, then one copy
-    out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank), xp))
+    restored = best_state is not None and val_curve and val_curve[-1] > best_val
+    if ooc is not None:  # the host state (layout order), resident rows copied back
+        out = (best_state if restored else ooc.state()).permute_features(layout.feature_rank)
+    else:  # back to the user's feature order where the state is, then one copy
+        if restored:
+            _put_back(dstate, best_state)
+        out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank),
+                                                        xp))
     progress.stage(f"{log_prefix}model back")
     bad = [name for name, a in (("coefficients", out.w), ("intercepts", out.b),
                                 ("factors", out.V))

@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from dataclasses import replace
 import scipy.sparse as sp
 
 from sklearn_cuwide import (
@@ -157,6 +158,9 @@ def test_cuda_plan_takes_the_first_layout_that_fits():
         assert plan.fits and plan.layout == lay
         assert plan.layout_resident == (lay != "streamed")
     plan = _memory.plan_fit(s, "cuda", {"host": None, "device": peaks["streamed"] - 1}, how)
+    if _memory.least_model_rows(s) < s.n_features:  # out of core beyond the streamed
+        least = _peak_device(replace(s, model_rows=_memory.least_model_rows(s)), "streamed")
+        plan = _memory.plan_fit(s, "cuda", {"host": None, "device": least - 1}, how)
     assert not plan.fits
     with pytest.raises(InsufficientMemoryError, match="of GPU memory") as e:
         plan.check()
@@ -164,19 +168,45 @@ def test_cuda_plan_takes_the_first_layout_that_fits():
     assert "n_factors=" in msg and "device_memory_limit" in msg and "(d)" in msg
 
 
+def _peak_device(shape, layout):
+    return _memory.MemoryPlan("fit", "cuda", layout, _memory.fit_needs(shape, "cuda", layout),
+                              {}, {}, True).peak("device")
+
+
 def test_suggested_n_factors_is_the_largest_that_fits():
-    s = _shape(n_factors=64)
+    # as few features as one mini-batch may touch: no model out of core
+    narrow = dict(n_features=2**15)
+    s = _shape(n_factors=64, **narrow)
+    assert _memory.least_model_rows(s) == s.n_features
     how = {"host": "h", "device": "d"}
-    avail = {"host": None, "device": _memory.MemoryPlan(
-        "fit", "cuda", "streamed", _memory.fit_needs(_shape(n_factors=20), "cuda", "streamed"),
-        {}, {}, True).peak("device")}
+    avail = {"host": None, "device": _peak_device(_shape(n_factors=20, **narrow), "streamed")}
     plan = _memory.plan_fit(s, "cuda", avail, how)
     assert not plan.fits
     k = int(next(x for x in plan.suggestions if x.startswith("n_factors=")).split("=")[1]
             .split()[0])
     assert k >= 20
-    assert _memory.plan_fit(_shape(n_factors=k), "cuda", avail, how).fits
-    assert not _memory.plan_fit(_shape(n_factors=k + 1), "cuda", avail, how).fits
+    assert _memory.plan_fit(_shape(n_factors=k, **narrow), "cuda", avail, how).fits
+    assert not _memory.plan_fit(_shape(n_factors=k + 1, **narrow), "cuda", avail, how).fits
+
+
+def test_a_model_wider_than_the_budget_trains_out_of_core():
+    s = _shape(n_features=2**26)
+    how = {"host": "h", "device": "d"}
+    full = _peak_device(s, "streamed")
+    rows = []
+    for f in (0.3, 0.6, 0.9):
+        avail = int(full * f)
+        plan = _memory.plan_fit(s, "cuda", {"host": None, "device": avail}, how)
+        assert plan.fits and plan.peak("device") <= avail
+        assert _memory.least_model_rows(s) <= plan.model_rows < s.n_features
+        # the most rows that fit beside that layout
+        assert _peak_device(replace(s, model_rows=plan.model_rows + 1), plan.layout) > avail
+        rows.append(plan.model_rows)
+    assert rows[0] < rows[1] < rows[2]
+    # a resident layout first, when the out-of-core model leaves room for it
+    roomy = _peak_device(replace(s, model_rows=s.n_features // 2), "device")
+    plan = _memory.plan_fit(s, "cuda", {"host": None, "device": roomy}, how)
+    assert plan.layout == "device" and plan.model_rows >= s.n_features // 2
 
 
 def test_lbfgs_plan_counts_the_vectors():

@@ -164,12 +164,14 @@ def _update(P, G, F, g, params, l1, l2):
 
 def _penalty_scale(layout, params):
     """Per-feature penalty factor (layout order) when ``params`` scales the
-    penalties, else None; computed once per layout."""
+    penalties, else None; computed once per layout (a window's are given:
+    ``layout.penalty_factors``)."""
     if not params.penalty_scaled:
         return None
     cached = layout.__dict__.get("_penalty_scale")
     if cached is None:
-        cached = penalty_scale(layout).astype(np.float64)
+        given = layout.penalty_factors
+        cached = (penalty_scale(layout) if given is None else given).astype(np.float64)
         layout.__dict__["_penalty_scale"] = cached
     return cached
 

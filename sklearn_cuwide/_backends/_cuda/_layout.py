@@ -192,7 +192,9 @@ class DeviceLayout:
         layout order), computed once: where the nonzeros are (on the device
         when built there, else on the host)."""
         if self._pscale is None:
-            if isinstance(self.host.feat, cp.ndarray):
+            if self.host.penalty_factors is not None:  # a window's: given
+                self._pscale = cp.asarray(self.host.penalty_factors, dtype=cp.float32)
+            elif isinstance(self.host.feat, cp.ndarray):
                 self._pscale = _layout.penalty_scale(self.host, cp)
             else:
                 self._pscale = cp.asarray(_layout.penalty_scale(self.host, np))

@@ -1,0 +1,474 @@
+"""Models larger than the device: resident hot rows and a scratchpad of cold rows.
+
+A model's parameters and optimiser state are rows, one per feature.  The
+layout numbers features by descending frequency, so the *resident* set is a
+prefix: features ``< n_resident`` keep their rows on the device for the
+whole fit, the others (cold) live in host memory.  The device holds one
+model buffer of ``n_resident + n_slots`` rows: the resident rows, then
+``n_slots`` scratch slots.
+
+An epoch's mini-batch order is known before it starts, so it is cut into
+*windows* of consecutive mini-batches whose cold features fit the slots
+(:func:`plan_windows`).  For each window, in order: its cold rows are
+gathered from the host into the slots, its mini-batches are trained by the
+backend's own ``run_epoch`` on a *window layout* whose cold feature ids are
+renumbered to slot ids (:func:`window_layout`), and the slots are written
+back.  The renumbering keeps the cold ids' order (slots are given in
+ascending feature order), so every tile stays sorted by feature and the
+hot/cold tile split is unchanged: the kernels run as they are.  With
+mini-batches trained in order the model equals the resident fit's: the
+same steps, on the same values, in the same order.
+
+Rule: this module plans residency and windows and moves rows, with the
+backend's array module; it never launches a kernel of its own.  Why: one
+training step for every placement keeps the out-of-core model equal to the
+resident one.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._layout import TileLayout
+from ._state import ModelState
+
+__all__ = [
+    "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts",
+    "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
+]
+
+#: the arrays of a state with one row per feature
+ROW_ARRAYS = ("w", "V", "gw", "gV")
+#: most nonzeros of one window: its layout is a copy on the device (the
+#: nonzeros' 10 bytes and an int64 position each), bounded whatever the slots
+MAX_WINDOW_NNZ = 1 << 22
+#: device bytes of a window's layout per nonzero, while it is made
+WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
+
+
+@dataclass(frozen=True)
+class ResidencyPlan:
+    """Where a model's feature rows live during a fit.
+
+    Attributes
+    ----------
+    n_features : int
+    n_resident : int
+        Features ``< n_resident`` (the most frequent) stay on the device.
+    n_slots : int
+        Scratch rows for the cold features of one window.
+    row_bytes : int
+        Bytes of one feature's row over every row array of the state.
+    """
+
+    n_features: int
+    n_resident: int
+    n_slots: int
+    row_bytes: int
+
+    @property
+    def out_of_core(self):
+        return self.n_resident < self.n_features
+
+    @property
+    def device_rows(self):
+        """Rows of the device model buffer."""
+        return self.n_resident + self.n_slots
+
+    @property
+    def device_bytes(self):
+        return self.device_rows * self.row_bytes
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive mini-batches of an epoch's order and the cold features
+    they touch (sorted, unique, every id ``>= n_resident``)."""
+
+    batches: np.ndarray
+    cold: np.ndarray
+
+
+def state_row_bytes(n_outputs, n_factors, *, adagrad, fit_linear=True, itemsize=4):
+    """Bytes of one feature's row: weights, factors and their Adagrad sums."""
+    per = (n_outputs if fit_linear else 0) + n_factors
+    return int(per * itemsize * (2 if adagrad else 1))
+
+
+def _host(a):
+    """A host (numpy) copy of a numpy or device array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@dataclass(frozen=True)
+class ColdSets:
+    """The distinct cold features (``>= n_resident``) of every mini-batch,
+    as host CSR: mini-batch ``b``'s are ``ids[ptr[b]:ptr[b + 1]]``, sorted.
+    A mini-batch's sample blocks may share features: they are counted over
+    the whole mini-batch."""
+
+    n_resident: int
+    ptr: np.ndarray
+    ids: np.ndarray
+
+    def counts(self):
+        return np.diff(self.ptr)
+
+    def of(self, b):
+        return self.ids[self.ptr[b] : self.ptr[b + 1]]
+
+
+def cold_sets(layout, n_resident, xp=np):
+    """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``: one
+    sort there, then only the distinct (mini-batch, feature) pairs come to
+    the host)."""
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    nnz_per_batch = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    feat = layout.feat
+    nz_batch = xp.repeat(xp.arange(layout.n_batches, dtype=xp.int64),
+                         xp.asarray(nnz_per_batch))
+    cold = feat >= n_resident
+    key = xp.unique(nz_batch[cold] * layout.n_features + feat[cold].astype(xp.int64))
+    key = _host(key)
+    ptr = np.zeros(layout.n_batches + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key // layout.n_features, minlength=layout.n_batches),
+              out=ptr[1:])
+    return ColdSets(int(n_resident), ptr, key % layout.n_features)
+
+
+def batch_cold_counts(layout, n_resident, xp=np):
+    """Distinct features ``>= n_resident`` of each mini-batch (int64)."""
+    return cold_sets(layout, n_resident, xp).counts()
+
+
+def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25, xp=np):
+    """The rows that fit ``budget_bytes``: all of them when they fit, else a
+    resident prefix and scratch slots for the largest mini-batch's cold set.
+
+    ``slot_fraction`` of the rows that fit go to the slots (the rest are
+    resident) unless one mini-batch needs more.  Raises a ``MemoryError``
+    that names the need when not even the hot features, one mini-batch's
+    cold rows and the slots fit.
+    """
+    n = int(layout.n_features)
+    row_bytes = int(row_bytes)
+    fit_rows = int(budget_bytes) // max(row_bytes, 1)
+    if fit_rows >= n:
+        return ResidencyPlan(n, n, 0, row_bytes)
+    n_slots = max(1, int(fit_rows * slot_fraction))
+    for _ in range(8):  # more slots mean fewer resident rows and more cold ones
+        n_resident = fit_rows - n_slots
+        if n_resident < layout.n_hot:
+            break
+        need = int(batch_cold_counts(layout, n_resident, xp).max(initial=0))
+        if need <= n_slots:
+            return ResidencyPlan(n, n_resident, n_slots, row_bytes)
+        n_slots = need
+    least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot, xp).max(initial=0))
+    raise MemoryError(
+        f"the model does not fit: {n} features of {row_bytes} bytes each; the "
+        f"budget of {int(budget_bytes):,} bytes holds {fit_rows:,} rows, and training "
+        f"needs at least {least:,} ({layout.n_hot:,} hot features and the cold "
+        f"features of the widest mini-batch, {least * row_bytes:,} bytes). Raise "
+        f"device_memory_limit, or lower n_factors or batch_size."
+    )
+
+
+def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_NNZ):
+    """Cut ``batch_order`` into :class:`Window` s whose cold features
+    (``sets``: :class:`ColdSets`) fit ``n_slots``, greedily: a window grows
+    until the next mini-batch would overflow the slots, or (``batch_nnz``:
+    the nonzeros of each mini-batch) take it past ``max_nnz`` nonzeros."""
+    windows, cur, cold = [], [], np.empty(0, dtype=np.int64)
+    nnz = 0
+    for bt in np.asarray(batch_order, dtype=np.int64):
+        mine_nnz = 0 if batch_nnz is None else int(batch_nnz[bt])
+        mine = sets.of(bt)
+        if mine.size > n_slots:
+            raise MemoryError(
+                f"mini-batch {int(bt)} touches {mine.size:,} cold features, more "
+                f"than the {n_slots:,} scratch slots"
+            )
+        union = np.union1d(cold, mine)
+        if cur and (union.size > n_slots or nnz + mine_nnz > max_nnz):
+            windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
+            cur, union, nnz = [], mine, 0
+        cur.append(int(bt))
+        cold = union
+        nnz += mine_nnz
+    if cur:
+        windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
+    return windows
+
+
+def _ranges(xp, starts, stops):
+    """The concatenation of ``arange(starts[i], stops[i])`` over ``i``."""
+    lens = stops - starts
+    total = int(lens.sum())
+    offs = xp.zeros(lens.shape[0] + 1, dtype=xp.int64)
+    xp.cumsum(lens, out=offs[1:])
+    seg = xp.repeat(xp.arange(lens.shape[0], dtype=xp.int64), lens)
+    return starts[seg] + (xp.arange(total, dtype=xp.int64) - offs[seg])
+
+
+def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None):
+    """The layout of ``window``'s mini-batches alone, cold ids renumbered to
+    slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
+    ``window.cold[s] == f``.
+
+    Its per-feature statistics are the whole layout's, taken to the slots:
+    ``penalty_factors`` from ``penalty`` (the whole layout's penalty factors,
+    or None when the penalties are not scaled), and ``feature_counts`` the
+    whole layout's counts scaled to the window's rows (what a backend's
+    concurrency damping reads as each feature's frequency); its features are
+    in layout order (``feature_order`` the identity).
+
+    Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
+    mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
+    original layout rows of its rows, to take the targets and weights with.
+    """
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    srp = np.asarray(layout.sblock_row_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    bts = window.batches
+    g = _ranges(np, bsp[bts], bsp[bts + 1])
+    rows = _ranges(np, srp[g], srp[g + 1])
+    nz = _ranges(np, tp[2 * g], tp[2 * g + 2])
+    sb_len = srp[g + 1] - srp[g]
+    tiles = np.stack((tp[2 * g + 1] - tp[2 * g], tp[2 * g + 2] - tp[2 * g + 1]), 1)
+    nz_d = xp.asarray(nz)
+    feat = layout.feat[nz_d]
+    cold = xp.asarray(window.cold)
+    is_cold = feat >= n_resident
+    slot = xp.searchsorted(cold, feat[is_cold].astype(xp.int64))
+    feat[is_cold] = (n_resident + slot).astype(feat.dtype)
+
+    def ptr(counts):
+        out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=out[1:])
+        return out
+
+    ids = slot_features(window, n_resident, n_slots)
+    used = ids >= 0
+    ranked = np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
+    counts = np.where(used, ranked[np.maximum(ids, 0)], 0) * (
+        rows.shape[0] / max(layout.n_rows, 1))
+    factors = None
+    if penalty is not None:
+        factors = np.where(used, np.asarray(penalty)[np.maximum(ids, 0)], 0.0)
+    sub = TileLayout(
+        n_rows=int(rows.shape[0]),
+        n_features=int(n_resident + n_slots),
+        batch_size=layout.batch_size,
+        sample_block=layout.sample_block,
+        n_hot=layout.n_hot,
+        feat=feat,
+        row=layout.row[nz_d],
+        val=layout.val[nz_d],
+        tile_ptr=ptr(tiles.ravel()),
+        sblock_row_ptr=ptr(sb_len),
+        batch_sblock_ptr=ptr(bsp[bts + 1] - bsp[bts]),
+        row_order=rows,
+        feature_order=np.arange(n_resident + n_slots, dtype=np.int64),
+        feature_rank=np.arange(n_resident + n_slots, dtype=np.int64),
+        feature_counts=counts,
+        penalty_factors=factors,
+    )
+    return sub, rows
+
+
+def slot_features(window, n_resident, n_slots):
+    """The layout feature of each row of the device buffer during
+    ``window`` (unused slots: -1)."""
+    ids = np.full(n_resident + n_slots, -1, dtype=np.int64)
+    ids[:n_resident] = np.arange(n_resident)
+    ids[n_resident : n_resident + window.cold.size] = window.cold
+    return ids
+
+
+class HostRows:
+    """The cold rows of a state in host memory, and the device buffer.
+
+    ``state``: a full state in layout feature order (numpy); ``sets``: the
+    layout's :class:`ColdSets` at ``plan.n_resident``.  The state's rows
+    ``>= n_resident`` stay on the host (``state``'s arrays, updated in
+    place); the device buffer (:attr:`device`, the backend's state:
+    ``backend.put_state`` of the resident rows and zeroed slots) holds the
+    rest.  :meth:`load` and :meth:`store` move a window's cold rows in and
+    out; :meth:`result` writes the resident rows back and returns the full
+    state.
+    """
+
+    def __init__(self, state, plan, sets, backend):
+        self.plan, self.state, self.sets, self.backend = plan, state, sets, backend
+        r, s = plan.n_resident, plan.n_slots
+        buf = {}
+        for k, a in state.arrays().items():
+            if k in ROW_ARRAYS:
+                buf[k] = np.zeros((r + s,) + a.shape[1:], dtype=a.dtype)
+                buf[k][:r] = a[:r]
+            else:
+                buf[k] = a.copy()
+        self.device = backend.put_state(ModelState(**buf))
+
+    def load(self, cold):
+        r, to_device = self.plan.n_resident, self.backend.to_device
+        for k in ROW_ARRAYS:
+            a = getattr(self.state, k)
+            if a is not None and cold.size:
+                getattr(self.device, k)[r : r + cold.size] = to_device(a[cold])
+
+    def store(self, cold):
+        r, to_host = self.plan.n_resident, self.backend.to_host
+        for k in ROW_ARRAYS:
+            a = getattr(self.state, k)
+            if a is not None and cold.size:
+                a[cold] = to_host(getattr(self.device, k)[r : r + cold.size])
+
+    def result(self):
+        """The full state (layout order, numpy), the resident rows and the
+        intercepts copied back from the device."""
+        r, to_host = self.plan.n_resident, self.backend.to_host
+        for k, a in self.state.arrays().items():
+            d = to_host(getattr(self.device, k))
+            if k in ROW_ARRAYS:
+                a[:r] = d[:r]
+            else:
+                a[...] = d
+        return self.state
+
+
+def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
+                          batch_order, *, penalty_scale=None, workers=None, xp=np):
+    """One epoch over ``batch_order`` with the model's cold rows on the host.
+
+    ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
+    backend's ``run_epoch`` takes them for ``layout`` (numpy).
+    ``penalty_scale``: the full layout's per-feature penalty factor (layout
+    order) when ``params`` scales the penalties: a window layout would count
+    its own mini-batches only.  ``xp``: the module of the layout's nonzeros.
+    Returns the epoch's weighted loss sum.
+    """
+    plan = rows.plan
+    bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
+    tp = np.asarray(layout.tile_ptr, dtype=np.int64)
+    batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    total = 0.0
+    for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
+        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
+                                   penalty=penalty_scale)
+        rows.load(win.cold)
+        total += float(backend.run_epoch(
+            backend.put_layout(sub), backend.to_device(y[lrows]),
+            backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
+            params, np.arange(win.batches.size), workers=workers,
+        ))
+        rows.store(win.cold)
+    return total
+
+
+def predict_chunks(X, n_slots, max_rows=None):
+    """Cut the rows of a CSR matrix (scipy) into runs whose distinct columns
+    fit ``n_slots`` (and of at most ``max_rows`` rows): ``[(r0, r1, cols)]``,
+    ``cols`` sorted.  Runs are halved until they fit (vectorised: no Python
+    loop per row); a single row with more distinct columns than slots is
+    refused."""
+    indptr, indices = X.indptr, X.indices
+    if max_rows is None:
+        max_rows = max(X.shape[0], 1)
+    step = int(max_rows)
+    out, todo = [], [(a, min(a + step, X.shape[0])) for a in range(0, X.shape[0], step)][::-1]
+    if not todo:
+        todo = [(0, 0)]
+    while todo:
+        r0, r1 = todo.pop()
+        cols = np.unique(indices[indptr[r0] : indptr[r1]]).astype(np.int64)
+        if cols.size <= n_slots:
+            out.append((r0, r1, cols))
+        elif r1 - r0 == 1:
+            raise MemoryError(
+                f"row {r0} has {cols.size:,} distinct features, more than the "
+                f"{n_slots:,} rows of the model the device-memory limit leaves"
+            )
+        else:
+            mid = (r0 + r1) // 2
+            todo += [(mid, r1), (r0, mid)]
+    return out
+
+
+def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=True,
+                                  max_rows=None):
+    """Decision values of a canonical CSR ``X`` (scipy, user feature order)
+    with at most ``n_slots`` rows of the model on the device at a time: for
+    each run of rows (:func:`predict_chunks`), the model rows of its columns
+    go to the device and the run's column ids are renumbered to them (in
+    order, so each row sums its terms in the same order as the full
+    product).  Returns float64 ``(n_samples, n_outputs)`` on the host."""
+    import scipy.sparse as sp
+
+    out = np.empty((X.shape[0], w.shape[1]))
+    for r0, r1, cols in predict_chunks(X, n_slots, max_rows):
+        part = X[r0:r1]
+        local = np.searchsorted(cols, part.indices)
+        Xc = sp.csr_matrix((part.data, local, part.indptr), shape=(r1 - r0, cols.size))
+        Z = backend.decision_function(
+            backend.put_csr(Xc), backend.to_device(w[cols]), backend.to_device(b),
+            None if V is None else backend.to_device(V[cols]), fit_linear=fit_linear,
+        )
+        out[r0:r1] = np.asarray(backend.to_host(Z))
+    return out
+
+
+class OutOfCoreModel:
+    """A mini-batch fit's model when it does not fit the device: what
+    :func:`sklearn_cuwide._solvers.fit_minibatch` uses instead of a device
+    state.
+
+    ``state``: the starting state (user feature order, numpy; factors not
+    drawn yet are drawn on the host, in layout order, with the same
+    generator); ``model_rows``: the device rows the model may take (the
+    memory plan's).  Raises ``MemoryError`` when not even the hot features
+    and the widest mini-batch's cold ones fit.
+    """
+
+    def __init__(self, backend, layout, state, params, model_rows):
+        from ._backends import _cpu
+        from ._layout import penalty_scale
+
+        self.backend, self.layout, self.params = backend, layout, params
+        xp = _array_module(layout.feat, backend)
+        host = state.put_in_layout_order(layout.feature_order, _cpu)
+        adagrad = host.gw is not None
+        row_bytes = state_row_bytes(host.n_outputs, host.n_factors, adagrad=adagrad,
+                                    fit_linear=True, itemsize=host.w.dtype.itemsize)
+        self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
+        sets = cold_sets(layout, self.plan.n_resident, xp)
+        self.rows = HostRows(host, self.plan, sets, backend)
+        self._xp = xp
+        self.penalty = None
+        if params.penalty_scaled:
+            self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
+
+    def epoch(self, y_l, sw_l, batch_weight, order, workers=None):
+        """One epoch in ``order``; its weighted loss sum."""
+        return run_epoch_out_of_core(
+            self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
+            order, penalty_scale=self.penalty, workers=workers, xp=self._xp)
+
+    def state(self):
+        """The whole state now (layout order, numpy)."""
+        return self.rows.result()
+
+    def decision_function(self, X):
+        """Decision values of ``X`` (scipy CSR in *layout* feature order)
+        with the model's current state, a device's worth of rows at a time."""
+        st = self.state()
+        return decision_function_out_of_core(
+            self.backend, X, st.w, st.b, st.V, self.plan.device_rows,
+            fit_linear=self.params.fit_linear)
+
+
+def _array_module(a, backend):
+    """numpy for a host array, else the backend's module."""
+    return np if isinstance(a, np.ndarray) else backend.xp

@@ -1,0 +1,81 @@
+"""Models wider than the device-memory limit on the GPU: the out-of-core
+fit (resident hot rows, cold rows gathered per window) equals the resident
+fit in order, and the CPU backend's.  Marked ``gpu``: skipped without a
+CUDA GPU."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+
+from sklearn_cuwide import (
+    GPUFactorizationMachine,
+    GPULogisticRegression,
+    config_context,
+)
+from sklearn_cuwide import _memory
+from sklearn_cuwide._device import cuda_device_count
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU"),
+]
+
+
+def _wide(n=20000, d=2**16, per_row=12, seed=0):
+    """Zipf-distributed features: a hot head and a long cold tail."""
+    rng = np.random.default_rng(seed)
+    cols = np.minimum(rng.zipf(1.2, size=n * per_row) - 1, d - 1)
+    rows = np.repeat(np.arange(n), per_row)
+    X = sp.csr_matrix((np.ones(n * per_row, dtype=np.float32), (rows, cols)), shape=(n, d))
+    X.sum_duplicates()
+    w = rng.normal(size=d)
+    y = (np.asarray(X @ w) + rng.normal(size=n) > 0).astype(np.int64)
+    return X, y
+
+
+def _spy(monkeypatch):
+    seen = []
+    real = _memory.plan_fit
+
+    def spy(*a, **k):
+        plan = real(*a, **k)
+        seen.append((a[0], plan))
+        return plan
+
+    monkeypatch.setattr(_memory, "plan_fit", spy)
+    return seen
+
+
+def _peak(shape, layout):
+    return _memory.MemoryPlan("fit", "cuda", layout, _memory.fit_needs(shape, "cuda", layout),
+                              {}, {}, True).peak("device")
+
+
+ESTIMATORS = [
+    GPUFactorizationMachine(n_factors=8, max_iter=2, concurrency=1, random_state=0,
+                            early_stopping=False),
+    GPULogisticRegression(solver="adagrad", max_iter=2, concurrency=1, random_state=0),
+]
+
+
+@pytest.mark.parametrize("est", ESTIMATORS, ids=lambda e: type(e).__name__)
+def test_gpu_out_of_core_fit_equals_the_resident_fit(est, monkeypatch):
+    X, y = _wide()
+    seen = _spy(monkeypatch)
+    ref = clone(est).set_params(device="cuda:0").fit(X, y)
+    shape, plan = seen[-1]
+    assert plan.model_rows is None
+    limit = _peak(replace(shape, model_rows=shape.n_features // 3), "streamed")
+    with config_context(device_memory_limit=int(limit)):
+        got = clone(est).set_params(device="cuda:0").fit(X, y)
+    plan = seen[-1][1]
+    assert plan.model_rows is not None and plan.model_rows < shape.n_features
+    for k in ("coef_", "intercept_", "factors_"):
+        if hasattr(ref, k):
+            np.testing.assert_allclose(getattr(got, k), getattr(ref, k), rtol=1e-4,
+                                       atol=1e-6, err_msg=k)
+    cpu = clone(est).set_params(device="cpu").fit(X, y)
+    np.testing.assert_allclose(got.predict_proba(X), cpu.predict_proba(X), atol=1e-4)

@@ -1,0 +1,310 @@
+"""Out-of-core models: residency and window planning against numpy
+references, and epochs with the cold rows on the host equal to resident
+epochs (CPU backend, mini-batches in order)."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sklearn_cuwide import _out_of_core as ooc
+from sklearn_cuwide._backends import _cpu
+from sklearn_cuwide._layout import build_layout, penalty_scale
+from sklearn_cuwide._solvers import batch_weights
+from sklearn_cuwide._state import ModelState, StepParams
+
+
+def _data(seed=0, n=600, d=300, zipf=1.3):
+    """Rows of Zipf-distributed features (a few hot ones, a long cold tail)."""
+    rng = np.random.default_rng(seed)
+    per_row = 6
+    cols = np.minimum(rng.zipf(zipf, size=n * per_row) - 1, d - 1)
+    rows = np.repeat(np.arange(n), per_row)
+    X = sp.csr_matrix((rng.uniform(0.5, 1.5, n * per_row), (rows, cols)), shape=(n, d))
+    X.sum_duplicates()
+    y = (rng.uniform(size=n) < 0.4).astype(np.float32)
+    return X, y
+
+
+def _layout(X, batch_size=32, sample_block=16, n_hot_max=8):
+    return build_layout(X, batch_size=batch_size, sample_block=sample_block,
+                        n_hot_max=n_hot_max, shuffle=True, random_state=1)
+
+
+def test_batch_cold_counts_against_a_loop():
+    X, _ = _data()
+    L = _layout(X)
+    for n_res in (0, 5, 40, L.n_features):
+        got = ooc.batch_cold_counts(L, n_res)
+        for bt in range(L.n_batches):
+            g0, g1 = L.batch_sblock_ptr[bt], L.batch_sblock_ptr[bt + 1]
+            f = L.feat[L.tile_ptr[2 * g0] : L.tile_ptr[2 * g1]]
+            assert got[bt] == np.unique(f[f >= n_res]).size
+
+
+@pytest.mark.parametrize("extra", [0, 30, 1000])
+def test_windows_cover_the_order_and_fit_the_slots(extra):
+    X, _ = _data()
+    L = _layout(X)
+    n_res = 10
+    n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + extra
+    order = np.random.default_rng(3).permutation(L.n_batches)
+    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
+    np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
+    for i, w in enumerate(wins):
+        ref = np.unique(np.concatenate([
+            L.feat[L.tile_ptr[2 * L.batch_sblock_ptr[b]] :
+                   L.tile_ptr[2 * L.batch_sblock_ptr[b + 1]]] for b in w.batches
+        ]).astype(np.int64))
+        np.testing.assert_array_equal(w.cold, ref[ref >= n_res])
+        assert w.cold.size <= n_slots
+        if i + 1 < len(wins):  # greedy: the next mini-batch would not have fit
+            nxt = wins[i + 1].batches[0]
+            g0, g1 = L.batch_sblock_ptr[nxt], L.batch_sblock_ptr[nxt + 1]
+            f = L.feat[L.tile_ptr[2 * g0] : L.tile_ptr[2 * g1]].astype(np.int64)
+            assert np.union1d(w.cold, f[f >= n_res]).size > n_slots
+
+
+def test_a_mini_batch_wider_than_the_slots_is_refused():
+    X, _ = _data()
+    L = _layout(X)
+    widest = int(ooc.batch_cold_counts(L, 0).max())
+    with pytest.raises(MemoryError, match="cold features"):
+        ooc.plan_windows(ooc.cold_sets(L, 0), np.arange(L.n_batches), widest - 1)
+
+
+def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
+    X, _ = _data()
+    L = _layout(X)
+    n_res, n_slots = 12, 200
+    order = np.random.default_rng(5).permutation(L.n_batches)
+    for w in ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots):
+        sub, rows = ooc.window_layout(L, w, n_res, n_slots)
+        ids = ooc.slot_features(w, n_res, n_slots)
+        assert sub.n_batches == w.batches.size
+        # each sample block of the window: same nonzeros, ids mapped back
+        g_src = np.concatenate([np.arange(L.batch_sblock_ptr[b], L.batch_sblock_ptr[b + 1])
+                                for b in w.batches])
+        for gi, g in enumerate(g_src):
+            a, h, e = L.tile_ptr[2 * g : 2 * g + 3]
+            sa, sh, se = sub.tile_ptr[2 * gi : 2 * gi + 3]
+            assert (h - a, e - h) == (sh - sa, se - sh)
+            np.testing.assert_array_equal(ids[sub.feat[sa:se]], L.feat[a:e])
+            np.testing.assert_array_equal(sub.row[sa:se], L.row[a:e])
+            np.testing.assert_array_equal(sub.val[sa:se], L.val[a:e])
+            assert np.all(np.diff(sub.feat[sa:sh]) >= 0)
+            assert np.all(np.diff(sub.feat[sh:se]) >= 0)  # still sorted
+            r0, r1 = L.sblock_row_ptr[g], L.sblock_row_ptr[g + 1]
+            np.testing.assert_array_equal(
+                rows[sub.sblock_row_ptr[gi] : sub.sblock_row_ptr[gi + 1]], np.arange(r0, r1))
+
+
+def test_plan_residency():
+    X, _ = _data()
+    L = _layout(X)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    assert rb == (1 + 4) * 4 * 2
+    full = ooc.plan_residency(L, rb, L.n_features * rb)
+    assert not full.out_of_core and full.n_slots == 0
+    p = ooc.plan_residency(L, rb, 120 * rb)
+    assert p.out_of_core and p.device_rows <= 120 and p.n_resident >= L.n_hot
+    assert ooc.batch_cold_counts(L, p.n_resident).max() <= p.n_slots
+    with pytest.raises(MemoryError, match="device_memory_limit"):
+        ooc.plan_residency(L, rb, (L.n_hot + 1) * rb)
+
+
+@pytest.mark.parametrize("model,solver,scaled", [
+    ("linear", "adagrad", True), ("linear", "sgd", False),
+    ("fm", "adagrad", False), ("fm", "sgd", True),
+])
+def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
+    X, y = _data(seed=7)
+    L = _layout(X)
+    sw = np.random.default_rng(2).uniform(0.5, 2.0, L.n_rows)
+    yl, swl = y[L.row_order], sw[L.row_order]
+    bw = batch_weights(L, swl)
+    params = StepParams(model=model, solver=solver, learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3, l1=1e-4 if model == "linear" else 0.0,
+                        penalty_scaled=scaled)
+    k = 4 if model == "fm" else 0
+    state = ModelState.zeros(L.n_features, 1, k, adagrad=solver == "adagrad",
+                             init_scale=0.1, random_state=0)
+    resident = copy.deepcopy(state)
+    rb = ooc.state_row_bytes(1, k, adagrad=solver == "adagrad")
+    plan = ooc.plan_residency(L, rb, 90 * rb)
+    assert plan.out_of_core
+    sets = ooc.cold_sets(L, plan.n_resident)
+    rows = ooc.HostRows(copy.deepcopy(state), plan, sets, _cpu)
+    ps = penalty_scale(L).astype(np.float64) if scaled else None
+    rng = np.random.default_rng(11)
+    n_windows = 0
+    for _ in range(2):
+        order = rng.permutation(L.n_batches)
+        n_windows += len(ooc.plan_windows(sets, order, plan.n_slots))
+        ref = _cpu.run_epoch(L, yl, swl, bw, resident, params, order)
+        got = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
+                                        penalty_scale=ps)
+        assert got == pytest.approx(ref, rel=1e-12)
+    assert n_windows > 2  # the cold rows really went back and forth
+    out = rows.result()
+    for k_, a in resident.arrays().items():
+        np.testing.assert_array_equal(getattr(out, k_), a, err_msg=k_)
+
+
+@pytest.mark.parametrize("fm", [False, True])
+def test_prediction_with_a_few_model_rows_equals_the_full_product(fm):
+    X, _ = _data(seed=4, n=300)
+    X = X.tocsr()
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(X.shape[1], 1)).astype(np.float32)
+    V = rng.normal(size=(X.shape[1], 3)).astype(np.float32) if fm else None
+    b = np.array([0.25], dtype=np.float32)
+    ref = _cpu.decision_function(X, w, b, V)
+    widest = int(np.diff(X.indptr).max())
+    for n_slots in (widest, 3 * widest, X.shape[1]):
+        chunks = ooc.predict_chunks(X, n_slots)
+        assert [c[0] for c in chunks][1:] == [c[1] for c in chunks][:-1]
+        assert all(c[2].size <= n_slots for c in chunks)
+        got = ooc.decision_function_out_of_core(_cpu, X, w, b, V, n_slots)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(MemoryError, match="distinct features"):
+        ooc.predict_chunks(X, widest - 1)
+
+
+def test_window_layout_carries_the_whole_layouts_statistics():
+    X, _ = _data(seed=9)
+    L = _layout(X)
+    n_res = 12
+    n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + 10
+    ps = penalty_scale(L).astype(np.float64)
+    ranked = L.feature_counts[L.feature_order]
+    order = np.arange(L.n_batches)
+    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
+    assert len(wins) > 1
+    for w in wins:
+        sub, rows = ooc.window_layout(L, w, n_res, n_slots, penalty=ps)
+        ids = ooc.slot_features(w, n_res, n_slots)
+        used = ids >= 0
+        np.testing.assert_array_equal(sub.penalty_factors[used], ps[ids[used]])
+        assert np.all(sub.penalty_factors[~used] == 0)
+        np.testing.assert_allclose(sub.feature_counts[used],
+                                   ranked[ids[used]] * sub.n_rows / L.n_rows)
+        # the window's own count would differ: its features are penalised
+        # as the whole layout penalises them
+        own = penalty_scale(sub)
+        assert not np.allclose(own[used], ps[ids[used]])
+
+
+@pytest.mark.parametrize("model,solver,scaled", [
+    ("linear", "adagrad", True), ("fm", "adagrad", False), ("fm", "sgd", True),
+])
+def test_fit_minibatch_out_of_core_equals_the_resident_fit(model, solver, scaled):
+    from sklearn_cuwide._solvers import fit_minibatch
+
+    X, y = _data(seed=13, n=700)
+    L = _layout(X)
+    sw = np.random.default_rng(4).uniform(0.5, 2.0, X.shape[0])
+    params = StepParams(model=model, solver=solver, learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3, penalty_scaled=scaled)
+    k = 4 if model == "fm" else 0
+
+    def start():  # factors drawn when the fit places the state, as estimators do
+        st = ModelState.zeros(X.shape[1], 1, k, adagrad=solver == "adagrad",
+                              init_scale=0.1, random_state=3, draw=False)
+        st.b[:] = 0.1
+        return st
+
+    Xv, yv = _data(seed=14, n=200)
+    val = (Xv.tocsr(), yv.astype(np.float64), np.ones(200))
+    kw = dict(backend=_cpu, max_iter=3, shuffle=True, random_state=5, validation=val)
+    ref = fit_minibatch(L, y, sw, start(), params, **kw)
+    got = fit_minibatch(L, y, sw, start(), params, model_rows=80, **kw)
+    assert got[1] == ref[1]
+    # the curves: the epoch's loss is summed window by window (rounding)
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-13)
+    np.testing.assert_allclose(got[3], ref[3], rtol=1e-13)
+    for name, a in ref[0].arrays().items():
+        np.testing.assert_array_equal(getattr(got[0], name), a, err_msg=name)
+    with pytest.raises(MemoryError, match="device_memory_limit"):
+        fit_minibatch(L, y, sw, start(), params, model_rows=L.n_hot + 1, **kw)
+
+
+def test_windows_bounded_by_nonzeros():
+    X, _ = _data()
+    L = _layout(X)
+    bsp, tp = L.batch_sblock_ptr, L.tile_ptr
+    batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    order = np.arange(L.n_batches)
+    cap = 3 * int(batch_nnz.max())
+    wins = ooc.plan_windows(ooc.cold_sets(L, 0), order, L.n_features, batch_nnz, cap)
+    assert len(wins) > 1
+    np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
+    for i, w in enumerate(wins):
+        assert batch_nnz[w.batches].sum() <= cap
+        if i + 1 < len(wins):
+            assert batch_nnz[w.batches].sum() + batch_nnz[wins[i + 1].batches[0]] > cap
+
+
+def test_a_prediction_whose_model_does_not_fit_runs_out_of_core():
+    from sklearn_cuwide import _memory
+
+    s = _memory.PredictShape(n_rows=10**6, n_features=2**26, nnz=39 * 10**6,
+                             index_itemsize=4, value_itemsize=4, n_factors=16,
+                             max_row_nnz=39)
+    full = _memory.plan_predict(s, "cuda", {"host": None, "device": 2**40}, {})
+    assert full.fits and full.model_rows is None
+    need = full.peak("device")
+    plan = _memory.plan_predict(s, "cuda", {"host": None, "device": need // 4},
+                                {"host": "h", "device": "d"})
+    assert plan.fits and 39 <= plan.model_rows < s.n_features
+    assert plan.peak("device") <= need // 4
+    # the most model rows that fit
+    more = _memory.predict_needs(replace(s, model_rows=plan.model_rows + 1), "cuda")
+    assert sum(more["device"]["prediction"].values()) > need // 4
+
+
+def test_out_of_core_decision_values_equal_the_resident_ones():
+    from sklearn_cuwide._base import _decision_values, _decision_values_out_of_core
+
+    X, _ = _data(seed=21, n=400)
+    rng = np.random.default_rng(1)
+    heads = [(rng.normal(size=(X.shape[1], 1)).astype(np.float32),
+              np.array([0.1], dtype=np.float32),
+              rng.normal(size=(X.shape[1], 3)).astype(np.float32)) for _ in range(2)]
+    ref = _decision_values(_cpu, X, heads)
+    got = _decision_values_out_of_core(_cpu, X, heads, int(np.diff(X.indptr).max()) + 5)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_out_of_core_fit_restores_the_best_epoch_as_the_resident_fit(monkeypatch):
+    from sklearn_cuwide import _solvers
+
+    X, y = _data(seed=17, n=700)
+    L = _layout(X)
+    sw = np.ones(X.shape[0])
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+
+    def start():
+        return ModelState.zeros(X.shape[1], 1, 4, adagrad=True, init_scale=0.1,
+                                random_state=3, draw=False)
+
+    # validation losses made up: the second of three epochs is the best
+    def scripted():
+        it = iter([0.5, 0.4, 0.6])
+        return lambda *a, **k: next(it)
+
+    Xv, yv = _data(seed=18, n=100)
+    kw = dict(backend=_cpu, max_iter=3, random_state=5,
+              validation=(Xv.tocsr(), yv.astype(np.float64), np.ones(100)))
+    monkeypatch.setattr(_solvers, "_validation_loss", scripted())
+    ref = _solvers.fit_minibatch(L, y, sw, start(), params, **kw)
+    monkeypatch.setattr(_solvers, "_host_validation_loss", scripted())
+    got = _solvers.fit_minibatch(L, y, sw, start(), params, model_rows=80, **kw)
+    two = _solvers.fit_minibatch(L, y, sw, start(), params, model_rows=80,
+                                 **{**kw, "max_iter": 2, "validation": None})
+    for name, a in ref[0].arrays().items():
+        np.testing.assert_array_equal(getattr(got[0], name), a, err_msg=name)
+        np.testing.assert_array_equal(getattr(two[0], name), a, err_msg=name)
