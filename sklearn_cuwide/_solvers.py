@@ -130,6 +130,13 @@ def fit_lbfgs_linear(
     )
     x = np.asarray(backend.to_host(x))
     progress.stage("coefficients back")
+    return _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve)
+
+
+def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve):
+    """``(coef, intercept, n_iter, curve)`` of an L-BFGS solution ``x``
+    (numpy): non-finite coefficients raise, a fit that did not converge warns
+    (``ConvergenceWarning``, saying why and what to do), as scikit-learn's."""
     if not np.isfinite(x).all():
         raise ValueError(
             f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
@@ -144,7 +151,7 @@ def fit_lbfgs_linear(
                    f"happens when X holds very large values: {_SCALE_HINT}, or "
                    "increase tol.")
         warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
-                      ConvergenceWarning, stacklevel=2)
+                      ConvergenceWarning, stacklevel=3)
     coef = x[: d * D].reshape(d, D).T.copy()
     intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
     return coef, intercept, n_iter, curve
@@ -375,13 +382,19 @@ def fit_minibatch(
         out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank),
                                                         xp))
     progress.stage(f"{log_prefix}model back")
-    bad = [name for name, a in (("coefficients", out.w), ("intercepts", out.b),
-                                ("factors", out.V))
+    check_finite_state(out, n_iter, params)
+    return out, n_iter, loss_curve, val_curve
+
+
+def check_finite_state(state, n_iter, params):
+    """Raise the divergence error (:func:`_diverged`) when a fitted state
+    holds non-finite values."""
+    bad = [name for name, a in (("coefficients", state.w), ("intercepts", state.b),
+                                ("factors", state.V))
            if a is not None and not np.isfinite(a).all()]
     if bad:
         raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
                         f"after {n_iter} epoch(s)", params)
-    return out, n_iter, loss_curve, val_curve
 
 
 def _copy_state(xp, state):
@@ -471,21 +484,5 @@ def fit_lbfgs_summed(
     x, _, n_iter, converged = minimize_lbfgs(
         counted, np.zeros(n_par), np, max_iter=max_iter, gtol=tol, callback=cb,
     )
-    if not np.isfinite(x).all():
-        raise ValueError(
-            f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
-            f"{_SCALE_HINT}."
-        )
-    if not converged:
-        if n_iter >= max_iter:
-            why = (f"(max_iter={max_iter}). Increase max_iter, or {_SCALE_HINT}.")
-        else:
-            why = ("(the line search found no step that lowers the objective, "
-                   f"whose largest gradient entry is still above tol={tol:g}). This "
-                   f"happens when X holds very large values: {_SCALE_HINT}, or "
-                   "increase tol.")
-        warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
-                      ConvergenceWarning, stacklevel=2)
-    coef = x[: d * D].reshape(d, D).T.copy()
-    intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
-    return coef, intercept, n_iter, curve
+    return _lbfgs_result(np.asarray(x), d, D, fit_intercept, n_iter, converged, max_iter,
+                         tol, curve)

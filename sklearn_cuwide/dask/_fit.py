@@ -20,7 +20,7 @@ import numpy as np
 
 from .._backends import _concurrency
 from .._minibatch import HeadResult
-from .._solvers import _diverged, fit_lbfgs_summed
+from .._solvers import _diverged, check_finite_state, fit_lbfgs_summed
 from .._state import FitProgress
 from . import _shard
 from ._data import on_workers
@@ -164,10 +164,5 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
                 still.append(h)
         active = still
     for h, st in enumerate(states):
-        bad = [name for name, a in (("coefficients", st.w), ("intercepts", st.b),
-                                    ("factors", st.V))
-               if a is not None and not np.isfinite(a).all()]
-        if bad:
-            raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
-                            f"after {n_iter[h]} epoch(s)", params)
+        check_finite_state(st, n_iter[h], params)
     return [HeadResult(st, n, c) for st, n, c in zip(states, n_iter, curves)]
