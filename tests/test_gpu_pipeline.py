@@ -209,3 +209,21 @@ def test_gpu_interrupted_fit_frees_its_device_memory(where, source, monkeypatch)
     gc.collect()
     cp.cuda.get_current_stream().synchronize()
     assert pool.used_bytes() <= before
+
+
+def test_gpu_put_csr_of_a_large_host_matrix_goes_through_the_pinned_buffer(monkeypatch):
+    """A host matrix above the threshold crosses in pinned runs and arrives
+    equal to cupyx's own copy."""
+    import cupyx.scipy.sparse as cpsp
+    from sklearn_cuwide._backends._cuda import _runtime, _upload
+
+    calls = []
+    real = _upload.upload_csr
+    monkeypatch.setattr(_upload, "upload_csr", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_runtime, "PINNED_UPLOAD_NNZ", 1000)
+    X = sp.random(3000, 500, density=0.02, format="csr", random_state=0, dtype=np.float32)
+    got = _runtime.put_csr(X)
+    ref = cpsp.csr_matrix(X)
+    assert calls
+    for a in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, a).get(), getattr(ref, a).get())

@@ -176,6 +176,11 @@ def synchronize():
     cp.cuda.get_current_stream().synchronize()
 
 
+#: a host matrix of at least this many nonzeros crosses through the pinned
+#: double buffer (:func:`._upload.upload_csr`); a smaller one in one copy
+PINNED_UPLOAD_NNZ = 1 << 22
+
+
 def put_csr(X, dtype=None):
     """A canonical cupyx CSR matrix on the device (no host round trip for cupy input)."""
     if isinstance(X, cp.ndarray):
@@ -183,7 +188,14 @@ def put_csr(X, dtype=None):
     elif not cpsp.issparse(X):
         X = canonical_csr(X)  # canonical on the host, then copied
         check_index_width(X)  # an older cupy would cast its indices to int32
-        X = cpsp.csr_matrix(X)
+        if X.nnz >= PINNED_UPLOAD_NNZ:  # pageable copies run at a fraction of pinned ones
+            from ._upload import upload_csr
+
+            indptr, indices, data = upload_csr(X, cp)
+            X = cpsp.csr_matrix((data, indices, indptr.astype(indices.dtype)),
+                                shape=X.shape)
+        else:
+            X = cpsp.csr_matrix(X)
     return canonical_csr(X, dtype)
 
 
