@@ -172,6 +172,11 @@ PENALTIES = ((False, 0.0, 0.0), (False, 1e-6, 1e-5), (False, 1e-5, 1e-4),
              (False, 1e-4, 1e-3), (True, 1e-7, 1e-6), (True, 1e-6, 1e-5),
              (True, 1e-5, 1e-4))
 FM_RATES = (0.01, 0.03, 0.1, 0.3)
+#: stage 3, the penalties on the full objective with strengths per row:
+#: ``(a, b)`` is ``alpha = a / n``, ``beta = b / n`` with ``scale_penalty=True``
+#: (``n`` the rows trained on; ``alpha="auto"`` is ``a = 1``, scikit-learn's
+#: ``C = 1``), at ``learning_rate="auto"``
+PER_ROW_PENALTIES = ((1, 3), (1, 10), (1, 30), (1, 100), (3, 30))
 LR_RATES = (0.01, 0.03, 0.1, 0.3, 1.0)
 
 
@@ -194,16 +199,33 @@ def fm_grid(stage=1, best=None):
     return out
 
 
+def per_row_grid(task):
+    """Stage 3: the per-row penalties at ``learning_rate="auto"``, and at
+    (1, 10) the step fixed at 0.03 and at 0.1 (and, for the regressor, the
+    initial scale 0.1)."""
+    base = dict(init_scale=0.01, batch_size=1024)
+    out = [_setting("fm", learning_rate="auto", alpha_per_row=a, beta_per_row=b, **base)
+           for a, b in PER_ROW_PENALTIES]
+    out += [_setting("fm", learning_rate=lr, alpha_per_row=1, beta_per_row=10, **base)
+            for lr in (0.03, 0.1)]
+    if task == "regression":
+        out.append(_setting("fm", learning_rate="auto", alpha_per_row=1, beta_per_row=10,
+                            init_scale=0.1, batch_size=1024))
+    return out
+
+
 def lr_grid():
     """Adagrad logistic regression at scikit-learn's C=1: step size x batch."""
     return ([_setting("lr", learning_rate=lr, batch_size=1024) for lr in LR_RATES]
             + [_setting("lr", learning_rate=lr, batch_size=4096) for lr in (0.1, 0.3)])
 
 
-def epochs_for(n_train):
-    """Epochs of one long fit: enough to see the best epoch and past it."""
+def epochs_for(n_train, stage=1):
+    """Epochs of one long fit: enough to see the best epoch and past it; in
+    stage 3, on the sets where ``"auto"`` runs the training-loss rule, the
+    rule's whole ``max_iter = 100``."""
     if n_train <= 12_000:
-        return 30
+        return 100 if stage == 3 else 30
     if n_train <= 60_000:
         return 15
     return 10
@@ -212,15 +234,22 @@ def epochs_for(n_train):
 # --------------------------------------------------------------------------
 # one long fit: the per-epoch curves
 # --------------------------------------------------------------------------
-def _estimator(setting, task, random_state=0):
+def _estimator(setting, task, random_state=0, n_rows=None):
+    """The setting's estimator; per-row penalties (stage 3) over ``n_rows``,
+    the rows it trains on."""
     from sklearn_cuwide import (GPUFactorizationMachine, GPUFactorizationMachineRegressor,
                                 GPULogisticRegression)
 
     if setting.model == "lr":
         return GPULogisticRegression(solver="adagrad", device="cpu",
                                      random_state=random_state, **setting.kw)
+    kw = setting.kw
+    if "alpha_per_row" in kw:
+        kw["alpha"] = kw.pop("alpha_per_row") / n_rows
+        kw["beta"] = kw.pop("beta_per_row") / n_rows
+        kw["scale_penalty"] = True
     cls = GPUFactorizationMachine if task == "binary" else GPUFactorizationMachineRegressor
-    return cls(device="cpu", random_state=random_state, **setting.kw)
+    return cls(device="cpu", random_state=random_state, **kw)
 
 
 def _pointwise(task, y, z):
@@ -241,7 +270,7 @@ def epoch_curves(split, setting, epochs, seed=0):
     Xtr, Xva, ytr, yva = train_test_split(split.X_train, split.y_train,
                                           test_size=VALIDATION_FRACTION,
                                           stratify=strat, random_state=seed)
-    est = _estimator(setting, split.task, seed)
+    est = _estimator(setting, split.task, seed, n_rows=Xtr.shape[0])
     t0 = time.perf_counter()
     tim = time_epochs(est, Xtr, ytr, epochs=epochs, eval_X=sp.vstack([Xva, split.X_test]))
     seconds = time.perf_counter() - t0
@@ -388,7 +417,8 @@ def run_grid(args, log):
     done = _done(path)
     for task in ("binary", "regression"):
         tsets = [s for s in sets if task_of(s) == task and any(r["set"] == s for r in recs)]
-        fm = [r for r in recs if r["model"] == "fm" and r["task"] == task]
+        fm = [r for r in recs if r["model"] == "fm" and r["task"] == task
+              and "alpha_per_row" not in r["params"]]
         key = choose(fm, ("auto", 100), tsets)
         if key is None:
             continue
@@ -404,6 +434,18 @@ def run_grid(args, log):
                 _append(path, dict(set=name, task=split.task, key=st.key, model="fm",
                                    params=st.kw, curves=c))
                 log(f"{name} {st.key} ({c['seconds']:.1f} s)")
+    # stage 3: the per-row penalties on the full objective
+    for name in sets:
+        split = load_set(name, args.size, args.data_root)
+        if split is None:
+            continue
+        for st in per_row_grid(split.task):
+            if (name, st.key) in done:
+                continue
+            c = epoch_curves(split, st, epochs_for(split.n_train, stage=3))
+            _append(path, dict(set=name, task=split.task, key=st.key, model="fm",
+                               params=st.kw, curves=c))
+            log(f"{name} {st.key} ({c['seconds']:.1f} s)")
 
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)

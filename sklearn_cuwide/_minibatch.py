@@ -26,7 +26,8 @@ from ._state import FitProgress
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
            "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
-           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE",
+           "fm_penalties", "penalty_is_scaled", "AUTO_ALPHA", "AUTO_BETA"]
 
 #: the dtype of the model state and of the training layout's values, and of
 #: every fitted array (``coef_``, ``intercept_``, ``factors_``) whatever the
@@ -334,6 +335,41 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
         return ADAGRAD_AUTO_LEARNING_RATE_FM
     return ADAGRAD_AUTO_LEARNING_RATE
+
+
+#: ``alpha="auto"`` of the factorization machines: ``AUTO_ALPHA / S`` on the
+#: full objective (``S`` the training rows' total sample weight), the linear
+#: weights' penalty of scikit-learn's ``LogisticRegression(C=1)``: a fixed
+#: prior, whose weight per row falls as the rows grow
+AUTO_ALPHA = 1.0
+#: ``beta="auto"``: ``AUTO_BETA / S`` on the factors, likewise: the factors
+#: overfit first.  The defaults study's choice (docs/design/defaults.rst):
+#: 10 and 30 rank better on its click sets but hold the factors of small
+#: one-hot user x item data at zero (the penalty outweighs the interactions'
+#: curvature at V = 0), where 3 learns them
+AUTO_BETA = 3.0
+
+
+def penalty_is_scaled(alpha, beta, scale_penalty):
+    """Whether an FM's penalties act on the full objective (scaled per
+    feature, :func:`~sklearn_cuwide._layout.penalty_scale`).
+    ``scale_penalty="auto"``: when ``alpha`` or ``beta`` is ``"auto"`` (the
+    strengths are defined on the full objective); two numbers keep the lazy,
+    per-mini-batch form they have always had."""
+    if scale_penalty == "auto":
+        return alpha == "auto" or beta == "auto"
+    return bool(scale_penalty)
+
+
+def fm_penalties(alpha, beta, scale_penalty, total_weight):
+    """``(l2_w, l2_v, scaled)`` of an FM's step from its ``alpha``,
+    ``beta`` and ``scale_penalty`` and the training rows' total sample
+    weight (``"auto"`` resolved: :data:`AUTO_ALPHA` and :data:`AUTO_BETA`
+    over it)."""
+    S = max(float(total_weight), 1e-12)
+    l2_w = AUTO_ALPHA / S if alpha == "auto" else float(alpha)
+    l2_v = AUTO_BETA / S if beta == "auto" else float(beta)
+    return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 
 def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,

@@ -17,6 +17,7 @@ from sklearn_cuwide import (
     GPULogisticRegression,
 )
 from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
+from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA
 
 
 def _fm_reference(X, w, b, V):
@@ -240,9 +241,17 @@ def test_sample_weight(small_binary, Est):
     X, y = small_binary
     kw = dict(n_factors=3, max_iter=5, batch_size=1000, random_state=0, device="cpu")
     ref = Est(**kw).fit(X, y)
-    # a constant weight changes nothing (each mini-batch is a weighted mean)
+    # penalties per mini-batch: a constant weight changes nothing (each
+    # mini-batch is a weighted mean)
+    lazy = dict(kw, alpha=1e-4, beta=1e-3)
+    twice = Est(**lazy).fit(X, y, sample_weight=np.full(y.size, 2.0))
+    assert_allclose(twice.factors_, Est(**lazy).fit(X, y).factors_, rtol=1e-5, atol=1e-7)
+    # "auto" penalties are over the total weight S, as scikit-learn's C: a
+    # constant weight 2 is the unit-weight fit with the penalties halved
     twice = Est(**kw).fit(X, y, sample_weight=np.full(y.size, 2.0))
-    assert_allclose(twice.factors_, ref.factors_, rtol=1e-5, atol=1e-7)
+    half = Est(**kw, alpha=AUTO_ALPHA / (2 * y.size), beta=AUTO_BETA / (2 * y.size),
+               scale_penalty=True).fit(X, y)
+    assert_allclose(twice.factors_, half.factors_, rtol=1e-5, atol=1e-7)
     # weights matter
     sw = np.where(y == 1, 5.0, 1.0)
     weighted = Est(**kw).fit(X, y, sample_weight=sw)
