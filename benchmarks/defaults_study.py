@@ -200,12 +200,16 @@ def fm_grid(stage=1, best=None):
 
 
 def per_row_grid(task):
-    """Stage 3: the per-row penalties at ``learning_rate="auto"``, and at
+    """Stage 3: the estimators' ``"auto"`` penalties and fixed per-row ones
+    at ``learning_rate="auto"``, and at
     (1, 10) the step fixed at 0.03 and at 0.1 (and, for the regressor, the
     initial scale 0.1)."""
     base = dict(init_scale=0.01, batch_size=1024)
-    out = [_setting("fm", learning_rate="auto", alpha_per_row=a, beta_per_row=b, **base)
-           for a, b in PER_ROW_PENALTIES]
+    # the estimators' "auto" penalties: alpha = 1 / n, beta = m / n (m the
+    # mean nonzeros of a row), resolved by the estimator itself
+    out = [_setting("fm", learning_rate="auto", alpha="auto", beta="auto", **base)]
+    out += [_setting("fm", learning_rate="auto", alpha_per_row=a, beta_per_row=b, **base)
+            for a, b in PER_ROW_PENALTIES]
     out += [_setting("fm", learning_rate=lr, alpha_per_row=1, beta_per_row=10, **base)
             for lr in (0.03, 0.1)]
     if task == "regression":

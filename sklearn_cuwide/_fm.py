@@ -46,12 +46,13 @@ _FM_PARAMS_DOC = """
         per mini-batch, on the features the mini-batch contains (see
         ``scale_penalty``).
     beta : "auto" or float, default="auto"
-        L2 penalty on the factors.  ``"auto"``: ``3 / S`` on the full
-        objective, three times the linear weights' (the defaults study's
-        choice, :doc:`/design/defaults`: the factors overfit first, most on
-        small data; stronger penalties, better on the study's click sets,
-        hold the factors of small user x item data at zero).  A number: per
-        mini-batch, as ``alpha``.
+        L2 penalty on the factors.  ``"auto"``: ``m / S`` on the full
+        objective, ``m`` the mean nonzeros of a training row: a factor's
+        gradient sums over the row's other nonzeros, so rows with many
+        fields (click logs) need more than user x item ratings, whose
+        factors a stronger penalty holds at zero (the defaults study's
+        choice, :doc:`/design/defaults`).  A number: per mini-batch, as
+        ``alpha``.
     scale_penalty : "auto" or bool, default="auto"
         Multiply each present feature's ``alpha`` and ``beta`` by the epoch's
         mini-batches over the sample blocks holding the feature, so that
@@ -222,7 +223,8 @@ class _BaseFM(_CuWideEstimator):
 
         def make_params(X_train, sw_train):
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
-                                              float(np.sum(sw_train)))
+                                              float(np.sum(sw_train)),
+                                              X_train.nnz / max(X_train.shape[0], 1))
             return StepParams(
                 model="fm", loss=self._loss, solver=self.solver,
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"

@@ -342,12 +342,12 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
 #: weights' penalty of scikit-learn's ``LogisticRegression(C=1)``: a fixed
 #: prior, whose weight per row falls as the rows grow
 AUTO_ALPHA = 1.0
-#: ``beta="auto"``: ``AUTO_BETA / S`` on the factors, likewise: the factors
-#: overfit first.  The defaults study's choice (docs/design/defaults.rst):
-#: 10 and 30 rank better on its click sets but hold the factors of small
-#: one-hot user x item data at zero (the penalty outweighs the interactions'
-#: curvature at V = 0), where 3 learns them
-AUTO_BETA = 3.0
+#: ``beta="auto"``: ``AUTO_BETA * m / S`` on the factors, ``m`` the mean
+#: nonzeros of a training row: a factor's gradient sums over the row's other
+#: nonzeros, so the interactions' pull on it grows with ``m``; a penalty that
+#: does not (30 / S, best on the study's click sets) holds the factors of
+#: two- or three-field user x item data at zero (docs/design/defaults.rst)
+AUTO_BETA = 1.0
 
 
 def penalty_is_scaled(alpha, beta, scale_penalty):
@@ -361,14 +361,14 @@ def penalty_is_scaled(alpha, beta, scale_penalty):
     return bool(scale_penalty)
 
 
-def fm_penalties(alpha, beta, scale_penalty, total_weight):
+def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz):
     """``(l2_w, l2_v, scaled)`` of an FM's step from its ``alpha``,
-    ``beta`` and ``scale_penalty`` and the training rows' total sample
-    weight (``"auto"`` resolved: :data:`AUTO_ALPHA` and :data:`AUTO_BETA`
-    over it)."""
+    ``beta`` and ``scale_penalty``, the training rows' total sample weight
+    and their mean nonzeros per row (``"auto"`` resolved:
+    :data:`AUTO_ALPHA` and :data:`AUTO_BETA`)."""
     S = max(float(total_weight), 1e-12)
     l2_w = AUTO_ALPHA / S if alpha == "auto" else float(alpha)
-    l2_v = AUTO_BETA / S if beta == "auto" else float(beta)
+    l2_v = AUTO_BETA * max(float(mean_nnz), 1.0) / S if beta == "auto" else float(beta)
     return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 

@@ -249,7 +249,8 @@ def test_sample_weight(small_binary, Est):
     # "auto" penalties are over the total weight S, as scikit-learn's C: a
     # constant weight 2 is the unit-weight fit with the penalties halved
     twice = Est(**kw).fit(X, y, sample_weight=np.full(y.size, 2.0))
-    half = Est(**kw, alpha=AUTO_ALPHA / (2 * y.size), beta=AUTO_BETA / (2 * y.size),
+    m = X.nnz / X.shape[0]
+    half = Est(**kw, alpha=AUTO_ALPHA / (2 * y.size), beta=AUTO_BETA * m / (2 * y.size),
                scale_penalty=True).fit(X, y)
     assert_allclose(twice.factors_, half.factors_, rtol=1e-5, atol=1e-7)
     # weights matter

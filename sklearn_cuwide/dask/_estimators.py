@@ -499,8 +499,10 @@ class _DaskFM(_DaskWide):
     def _fm_epochs(self, client, comm, local, shards, workers, summaries, n_features,
                    progress, *, loss, heads, intercepts, stats):
         adagrad = self.solver == "adagrad"
+        rows = sum(s["n_rows"] for s in summaries)
         l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
-                                          stats["total_weight"])
+                                          stats["total_weight"],
+                                          sum(s["nnz"] for s in summaries) / max(rows, 1))
 
         def states(seed):
             out = []
