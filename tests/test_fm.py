@@ -17,7 +17,7 @@ from sklearn_cuwide import (
     GPULogisticRegression,
 )
 from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
-from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA
+from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA, fm_penalties
 
 
 def _fm_reference(X, w, b, V):
@@ -288,3 +288,24 @@ def test_verbose_one_line_per_epoch(small_binary, capsys):
     # attributes and the whole fit (tests/test_verbose.py has the rest)
     assert all(ln.startswith("Stage:") for ln in lines[: len(lines) - 7])
     assert lines[-7:-3] == epochs and lines[-1].startswith("Fit: ")
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_auto_penalties(small_binary, Est):
+    # "auto": alpha = 1 / S and beta = m / S on the full objective (scaled),
+    # S the total weight and m the mean nonzeros of a row
+    X, y = small_binary
+    kw = dict(n_factors=3, max_iter=3, random_state=0, device="cpu")
+    auto = Est(**kw).fit(X, y)
+    S, m = float(y.size), X.nnz / X.shape[0]
+    given = Est(**kw, alpha=AUTO_ALPHA / S, beta=AUTO_BETA * m / S,
+                scale_penalty=True).fit(X, y)
+    assert_allclose(auto.factors_, given.factors_, rtol=1e-6, atol=1e-9)
+    assert_allclose(auto.coef_, given.coef_, rtol=1e-6, atol=1e-9)
+    # two numbers keep the per-mini-batch penalty unless scale_penalty=True
+    lazy = dict(kw, alpha=1e-4, beta=1e-3)
+    assert_allclose(Est(**lazy).fit(X, y).factors_,
+                    Est(**lazy, scale_penalty=False).fit(X, y).factors_)
+    assert fm_penalties(1e-4, 1e-3, "auto", S, m) == (1e-4, 1e-3, False)
+    assert fm_penalties("auto", 1e-3, "auto", S, m) == (AUTO_ALPHA / S, 1e-3, True)
+    assert fm_penalties("auto", "auto", False, S, m)[2] is False
