@@ -166,12 +166,20 @@ def _setting(model, **kw):
 #: the old defaults of the factorization machines, for the tables
 OLD_FM = dict(learning_rate=0.1, alpha=1e-4, beta=1e-3, scale_penalty=False,
               init_scale=0.01, batch_size=1024)
+#: today's defaults of the factorization machines, as stage 3 runs them
+DEFAULT_FM = dict(learning_rate="auto", alpha="auto", beta="auto", init_scale=0.01,
+                  batch_size=1024)
 
 #: the penalties tried: (scale_penalty, alpha, beta)
 PENALTIES = ((False, 0.0, 0.0), (False, 1e-6, 1e-5), (False, 1e-5, 1e-4),
              (False, 1e-4, 1e-3), (True, 1e-7, 1e-6), (True, 1e-6, 1e-5),
              (True, 1e-5, 1e-4))
 FM_RATES = (0.01, 0.03, 0.1, 0.3)
+#: stage 3, the penalties on the full objective with strengths per row:
+#: ``(a, b)`` is ``alpha = a / n``, ``beta = b / n`` with ``scale_penalty=True``
+#: (``n`` the rows trained on; ``alpha="auto"`` is ``a = 1``, scikit-learn's
+#: ``C = 1``), at ``learning_rate="auto"``
+PER_ROW_PENALTIES = ((1, 3), (1, 10), (1, 30), (1, 100), (3, 30))
 LR_RATES = (0.01, 0.03, 0.1, 0.3, 1.0)
 
 
@@ -194,16 +202,37 @@ def fm_grid(stage=1, best=None):
     return out
 
 
+def per_row_grid(task):
+    """Stage 3: the estimators' ``"auto"`` penalties and fixed per-row ones
+    at ``learning_rate="auto"``, and at
+    (1, 10) the step fixed at 0.03 and at 0.1 (and, for the regressor, the
+    initial scale 0.1)."""
+    base = dict(init_scale=0.01, batch_size=1024)
+    # the estimators' "auto" penalties: alpha = 1 / n, beta = m / n (m the
+    # mean nonzeros of a row), resolved by the estimator itself
+    out = [_setting("fm", learning_rate="auto", alpha="auto", beta="auto", **base)]
+    out += [_setting("fm", learning_rate="auto", alpha_per_row=a, beta_per_row=b, **base)
+            for a, b in PER_ROW_PENALTIES]
+    out += [_setting("fm", learning_rate=lr, alpha_per_row=1, beta_per_row=10, **base)
+            for lr in (0.03, 0.1)]
+    if task == "regression":
+        out.append(_setting("fm", learning_rate="auto", alpha_per_row=1, beta_per_row=10,
+                            init_scale=0.1, batch_size=1024))
+    return out
+
+
 def lr_grid():
     """Adagrad logistic regression at scikit-learn's C=1: step size x batch."""
     return ([_setting("lr", learning_rate=lr, batch_size=1024) for lr in LR_RATES]
             + [_setting("lr", learning_rate=lr, batch_size=4096) for lr in (0.1, 0.3)])
 
 
-def epochs_for(n_train):
-    """Epochs of one long fit: enough to see the best epoch and past it."""
+def epochs_for(n_train, stage=1):
+    """Epochs of one long fit: enough to see the best epoch and past it; in
+    stage 3, on the sets where ``"auto"`` runs the training-loss rule, the
+    rule's whole ``max_iter = 100``."""
     if n_train <= 12_000:
-        return 30
+        return 100 if stage == 3 else 30
     if n_train <= 60_000:
         return 15
     return 10
@@ -212,15 +241,22 @@ def epochs_for(n_train):
 # --------------------------------------------------------------------------
 # one long fit: the per-epoch curves
 # --------------------------------------------------------------------------
-def _estimator(setting, task, random_state=0):
+def _estimator(setting, task, random_state=0, n_rows=None):
+    """The setting's estimator; per-row penalties (stage 3) over ``n_rows``,
+    the rows it trains on."""
     from sklearn_cuwide import (GPUFactorizationMachine, GPUFactorizationMachineRegressor,
                                 GPULogisticRegression)
 
     if setting.model == "lr":
         return GPULogisticRegression(solver="adagrad", device="cpu",
                                      random_state=random_state, **setting.kw)
+    kw = setting.kw
+    if "alpha_per_row" in kw:
+        kw["alpha"] = kw.pop("alpha_per_row") / n_rows
+        kw["beta"] = kw.pop("beta_per_row") / n_rows
+        kw["scale_penalty"] = True
     cls = GPUFactorizationMachine if task == "binary" else GPUFactorizationMachineRegressor
-    return cls(device="cpu", random_state=random_state, **setting.kw)
+    return cls(device="cpu", random_state=random_state, **kw)
 
 
 def _pointwise(task, y, z):
@@ -241,7 +277,7 @@ def epoch_curves(split, setting, epochs, seed=0):
     Xtr, Xva, ytr, yva = train_test_split(split.X_train, split.y_train,
                                           test_size=VALIDATION_FRACTION,
                                           stratify=strat, random_state=seed)
-    est = _estimator(setting, split.task, seed)
+    est = _estimator(setting, split.task, seed, n_rows=Xtr.shape[0])
     t0 = time.perf_counter()
     tim = time_epochs(est, Xtr, ytr, epochs=epochs, eval_X=sp.vstack([Xva, split.X_test]))
     seconds = time.perf_counter() - t0
@@ -388,7 +424,8 @@ def run_grid(args, log):
     done = _done(path)
     for task in ("binary", "regression"):
         tsets = [s for s in sets if task_of(s) == task and any(r["set"] == s for r in recs)]
-        fm = [r for r in recs if r["model"] == "fm" and r["task"] == task]
+        fm = [r for r in recs if r["model"] == "fm" and r["task"] == task
+              and "alpha_per_row" not in r["params"]]
         key = choose(fm, ("auto", 100), tsets)
         if key is None:
             continue
@@ -404,6 +441,18 @@ def run_grid(args, log):
                 _append(path, dict(set=name, task=split.task, key=st.key, model="fm",
                                    params=st.kw, curves=c))
                 log(f"{name} {st.key} ({c['seconds']:.1f} s)")
+    # stage 3: the per-row penalties on the full objective
+    for name in sets:
+        split = load_set(name, args.size, args.data_root)
+        if split is None:
+            continue
+        for st in per_row_grid(split.task):
+            if (name, st.key) in done:
+                continue
+            c = epoch_curves(split, st, epochs_for(split.n_train, stage=3))
+            _append(path, dict(set=name, task=split.task, key=st.key, model="fm",
+                               params=st.kw, curves=c))
+            log(f"{name} {st.key} ({c['seconds']:.1f} s)")
 
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -596,7 +645,7 @@ def _fmt(v, nd=4):
     return "–" if v is None else f"{v:.{nd}f}"
 
 
-def grid_table(records, policy, sets, top=8):
+def grid_table(records, policy, sets, top=12):
     """Markdown: the settings of least mean regret on ``sets``, best first,
     with their regret per set."""
     table = regrets([r for r in records if r["set"] in sets], policy)
@@ -738,6 +787,11 @@ def run_report(args, log):
         pols = [("es", 5), ("es", 2), ("fixed", 1), ("fixed", 2), ("fixed", 3),
                 ("fixed", 5), ("fixed", 10), ("tol", 100)]
         parts.append(f"### Epochs of `{key}`\n\n" + policy_table(recs, key, sets, pols))
+        now = Setting("fm", tuple(sorted(DEFAULT_FM.items()))).key
+        if model == "fm" and now != key and all(
+                any(r["key"] == now and r["set"] == s for r in recs) for s in sets):
+            parts.append(f"### Epochs of the defaults `{now}`\n\n"
+                         + policy_table(recs, now, sets, pols))
         old = Setting("fm", tuple(sorted(OLD_FM.items()))).key
         if model == "fm" and any(r["key"] == old for r in recs):
             parts.append(f"### Old defaults `{old}`\n\n"

@@ -26,7 +26,7 @@ from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fi
 from . import _device, _memory
 from ._backends import get_backend
 from ._config import get_config
-from ._minibatch import COMPUTE_DTYPE, Schedule, uses_validation
+from ._minibatch import COMPUTE_DTYPE, Schedule, penalty_is_scaled, uses_validation
 from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
@@ -242,7 +242,8 @@ def _plan_fit(est, X, y, backend, reset):
         index_itemsize=index_itemsize, value_itemsize=value_itemsize,
         n_outputs=n_outputs, n_heads=n_heads, n_factors=n_factors, solver=solver,
         batch_size=int(est.batch_size), sample_block=int(sample_block),
-        penalty_scaled=bool(getattr(est, "scale_penalty", not fm)),
+        penalty_scaled=(penalty_is_scaled(est.alpha, est.beta, est.scale_penalty) if fm
+                        else True),
         validation_fraction=(
             est.validation_fraction
             if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),

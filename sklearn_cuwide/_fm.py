@@ -24,6 +24,7 @@ from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
     fit_heads,
+    fm_penalties,
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
@@ -37,22 +38,31 @@ _FM_PARAMS_DOC = """
     n_factors : int, default=8
         Length of each feature's factor vector (the rank of the pairwise
         interactions).
-    alpha : float, default=1e-4
-        L2 penalty on the linear weights (per mini-batch, on the features
-        the mini-batch contains).
-    beta : float, default=1e-3
-        L2 penalty on the factors (likewise).  Rows with many nonzeros
-        (many pairwise terms) need more; few-field data such as user x item
-        ratings does better with less (e.g. 3e-4).
-    scale_penalty : bool, default=False
+    alpha : "auto" or float, default="auto"
+        L2 penalty on the linear weights.  ``"auto"``: ``1 / S`` on the full
+        objective (``S`` the training rows' total sample weight), the
+        penalty of scikit-learn's ``LogisticRegression(C=1)``: a fixed prior
+        whose weight per row falls as the rows grow.  A number: the penalty
+        per mini-batch, on the features the mini-batch contains (see
+        ``scale_penalty``).
+    beta : "auto" or float, default="auto"
+        L2 penalty on the factors.  ``"auto"``: ``m / S`` on the full
+        objective, ``m`` the mean nonzeros of a training row: a factor's
+        gradient sums over the row's other nonzeros, so rows with many
+        fields (click logs) need more than user x item ratings, whose
+        factors a stronger penalty holds at zero (the defaults study's
+        choice, :doc:`/design/defaults`).  A number: per mini-batch, as
+        ``alpha``.
+    scale_penalty : "auto" or bool, default="auto"
         Multiply each present feature's ``alpha`` and ``beta`` by the epoch's
         mini-batches over the sample blocks holding the feature, so that
         over an epoch every feature is penalised as often as the full
         objective's stochastic gradient would penalise it, rare ones as
         frequent ones (logistic regression always does this for ``C``).
-        Helps large, high-cardinality data whose rare features overfit; not
-        small feature spaces, hence not the default.  See the user guide and
-        :doc:`/design/penalty_scaling`.
+        ``"auto"``: on when ``alpha`` or ``beta`` is ``"auto"`` (their
+        strengths are defined on the full objective), off when both are
+        numbers (the lazy per-mini-batch penalty, libFM's form).  See the
+        user guide and :doc:`/design/penalty_scaling`.
     fit_linear : bool, default=True
         Fit the linear term; when False ``coef_`` stays zero.
     fit_intercept : bool, default=True
@@ -149,9 +159,9 @@ class _BaseFM(_CuWideEstimator):
         # epochs: at least one, as scikit-learn's SGDClassifier
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "n_factors": [Interval(Integral, 1, None, closed="left")],
-        "alpha": [Interval(Real, 0, None, closed="left")],
-        "beta": [Interval(Real, 0, None, closed="left")],
-        "scale_penalty": ["boolean"],
+        "alpha": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
+        "beta": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
+        "scale_penalty": ["boolean", StrOptions({"auto"})],
         "fit_linear": ["boolean"],
         "init_scale": [Interval(Real, 0, None, closed="left")],
         "solver": [StrOptions({"sgd", "adagrad"})],
@@ -212,6 +222,9 @@ class _BaseFM(_CuWideEstimator):
         n_rows, n_features = X.shape
 
         def make_params(X_train, sw_train):
+            l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
+                                              float(np.sum(sw_train)),
+                                              X_train.nnz / max(X_train.shape[0], 1))
             return StepParams(
                 model="fm", loss=self._loss, solver=self.solver,
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
@@ -219,9 +232,9 @@ class _BaseFM(_CuWideEstimator):
                                                        loss=self._loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
                                                        model="fm", n_samples=n_rows)),
-                l2_w=float(self.alpha), l2_v=float(self.beta),
+                l2_w=l2_w, l2_v=l2_v,
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
-                penalty_scaled=bool(self.scale_penalty),
+                penalty_scaled=scaled,
             )
 
         def init_state(_, t, sw_train, seed):
@@ -370,9 +383,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         self,
         *,
         n_factors=8,
-        alpha=1e-4,
-        beta=1e-3,
-        scale_penalty=False,
+        alpha="auto",
+        beta="auto",
+        scale_penalty="auto",
         fit_linear=True,
         fit_intercept=True,
         init_scale=0.01,
@@ -584,9 +597,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         self,
         *,
         n_factors=8,
-        alpha=1e-4,
-        beta=1e-3,
-        scale_penalty=False,
+        alpha="auto",
+        beta="auto",
+        scale_penalty="auto",
         fit_linear=True,
         fit_intercept=True,
         init_scale=0.01,

@@ -26,7 +26,8 @@ from ._state import FitProgress
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
            "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
-           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE"]
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE",
+           "fm_penalties", "penalty_is_scaled", "AUTO_ALPHA", "AUTO_BETA"]
 
 #: the dtype of the model state and of the training layout's values, and of
 #: every fitted array (``coef_``, ``intercept_``, ``factors_``) whatever the
@@ -334,6 +335,41 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
         return ADAGRAD_AUTO_LEARNING_RATE_FM
     return ADAGRAD_AUTO_LEARNING_RATE
+
+
+#: ``alpha="auto"`` of the factorization machines: ``AUTO_ALPHA / S`` on the
+#: full objective (``S`` the training rows' total sample weight), the linear
+#: weights' penalty of scikit-learn's ``LogisticRegression(C=1)``: a fixed
+#: prior, whose weight per row falls as the rows grow
+AUTO_ALPHA = 1.0
+#: ``beta="auto"``: ``AUTO_BETA * m / S`` on the factors, ``m`` the mean
+#: nonzeros of a training row: a factor's gradient sums over the row's other
+#: nonzeros, so the interactions' pull on it grows with ``m``; a penalty that
+#: does not (30 / S, best on the study's click sets) holds the factors of
+#: two- or three-field user x item data at zero (docs/design/defaults.rst)
+AUTO_BETA = 1.0
+
+
+def penalty_is_scaled(alpha, beta, scale_penalty):
+    """Whether an FM's penalties act on the full objective (scaled per
+    feature, :func:`~sklearn_cuwide._layout.penalty_scale`).
+    ``scale_penalty="auto"``: when ``alpha`` or ``beta`` is ``"auto"`` (the
+    strengths are defined on the full objective); two numbers keep the lazy,
+    per-mini-batch form they have always had."""
+    if scale_penalty == "auto":
+        return alpha == "auto" or beta == "auto"
+    return bool(scale_penalty)
+
+
+def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz):
+    """``(l2_w, l2_v, scaled)`` of an FM's step from its ``alpha``,
+    ``beta`` and ``scale_penalty``, the training rows' total sample weight
+    and their mean nonzeros per row (``"auto"`` resolved:
+    :data:`AUTO_ALPHA` and :data:`AUTO_BETA`)."""
+    S = max(float(total_weight), 1e-12)
+    l2_w = AUTO_ALPHA / S if alpha == "auto" else float(alpha)
+    l2_v = AUTO_BETA * max(float(mean_nnz), 1.0) / S if beta == "auto" else float(beta)
+    return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 
 def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,

@@ -33,6 +33,7 @@ from sklearn_cuwide import (
 from sklearn_cuwide import _state
 from sklearn_cuwide._backends import _cpu
 from sklearn_cuwide._device import cuda_device_count
+from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA
 from sklearn_cuwide._state import FitProgress
 
 from .conftest import make_sparse_problem
@@ -225,11 +226,19 @@ def test_sample_weight_beyond_float32_raises(binary, name, weights):
 
 @pytest.mark.parametrize("name", ["fm", "fm-regressor"])
 def test_large_weights_within_float32(binary, name):
-    """Weights within float32's range are used as they are: for an FM only
-    their ratios matter (each step is a mini-batch's weighted mean)."""
+    """Weights within float32's range are used as they are: for an FM each
+    step is a mini-batch's weighted mean, so with penalties given per
+    mini-batch only their ratios matter, and the "auto" penalties are over
+    the total weight (as scikit-learn's C)."""
     X, y = binary
+    lazy = dict(alpha=1e-4, beta=1e-3)
+    big = _make(name).set_params(**lazy).fit(X, y, sample_weight=np.full(y.size, 1e30))
+    one = _make(name).set_params(**lazy).fit(X, y)
+    assert_allclose(big.factors_, one.factors_, rtol=1e-5, atol=1e-7)
     big = _make(name).fit(X, y, sample_weight=np.full(y.size, 1e30))
-    one = _make(name).fit(X, y)
+    S, m = 1e30 * y.size, X.nnz / X.shape[0]
+    one = _make(name).set_params(alpha=AUTO_ALPHA / S, beta=AUTO_BETA * m / S,
+                                 scale_penalty=True).fit(X, y)
     assert_allclose(big.factors_, one.factors_, rtol=1e-5, atol=1e-7)
 
 

@@ -17,6 +17,7 @@ from sklearn_cuwide import (
     GPULogisticRegression,
 )
 from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
+from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA, fm_penalties
 
 
 def _fm_reference(X, w, b, V):
@@ -240,9 +241,18 @@ def test_sample_weight(small_binary, Est):
     X, y = small_binary
     kw = dict(n_factors=3, max_iter=5, batch_size=1000, random_state=0, device="cpu")
     ref = Est(**kw).fit(X, y)
-    # a constant weight changes nothing (each mini-batch is a weighted mean)
+    # penalties per mini-batch: a constant weight changes nothing (each
+    # mini-batch is a weighted mean)
+    lazy = dict(kw, alpha=1e-4, beta=1e-3)
+    twice = Est(**lazy).fit(X, y, sample_weight=np.full(y.size, 2.0))
+    assert_allclose(twice.factors_, Est(**lazy).fit(X, y).factors_, rtol=1e-5, atol=1e-7)
+    # "auto" penalties are over the total weight S, as scikit-learn's C: a
+    # constant weight 2 is the unit-weight fit with the penalties halved
     twice = Est(**kw).fit(X, y, sample_weight=np.full(y.size, 2.0))
-    assert_allclose(twice.factors_, ref.factors_, rtol=1e-5, atol=1e-7)
+    m = X.nnz / X.shape[0]
+    half = Est(**kw, alpha=AUTO_ALPHA / (2 * y.size), beta=AUTO_BETA * m / (2 * y.size),
+               scale_penalty=True).fit(X, y)
+    assert_allclose(twice.factors_, half.factors_, rtol=1e-5, atol=1e-7)
     # weights matter
     sw = np.where(y == 1, 5.0, 1.0)
     weighted = Est(**kw).fit(X, y, sample_weight=sw)
@@ -278,3 +288,24 @@ def test_verbose_one_line_per_epoch(small_binary, capsys):
     # attributes and the whole fit (tests/test_verbose.py has the rest)
     assert all(ln.startswith("Stage:") for ln in lines[: len(lines) - 7])
     assert lines[-7:-3] == epochs and lines[-1].startswith("Fit: ")
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_auto_penalties(small_binary, Est):
+    # "auto": alpha = 1 / S and beta = m / S on the full objective (scaled),
+    # S the total weight and m the mean nonzeros of a row
+    X, y = small_binary
+    kw = dict(n_factors=3, max_iter=3, random_state=0, device="cpu")
+    auto = Est(**kw).fit(X, y)
+    S, m = float(y.size), X.nnz / X.shape[0]
+    given = Est(**kw, alpha=AUTO_ALPHA / S, beta=AUTO_BETA * m / S,
+                scale_penalty=True).fit(X, y)
+    assert_allclose(auto.factors_, given.factors_, rtol=1e-6, atol=1e-9)
+    assert_allclose(auto.coef_, given.coef_, rtol=1e-6, atol=1e-9)
+    # two numbers keep the per-mini-batch penalty unless scale_penalty=True
+    lazy = dict(kw, alpha=1e-4, beta=1e-3)
+    assert_allclose(Est(**lazy).fit(X, y).factors_,
+                    Est(**lazy, scale_penalty=False).fit(X, y).factors_)
+    assert fm_penalties(1e-4, 1e-3, "auto", S, m) == (1e-4, 1e-3, False)
+    assert fm_penalties("auto", 1e-3, "auto", S, m) == (AUTO_ALPHA / S, 1e-3, True)
+    assert fm_penalties("auto", "auto", False, S, m)[2] is False

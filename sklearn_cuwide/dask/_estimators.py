@@ -29,6 +29,7 @@ from .._minibatch import (
     _warn_blown_up,
     auto_learning_rate,
     constant_loss,
+    fm_penalties,
     optimizer_arrays,
 )
 from .._state import FitProgress, ModelState, StepParams
@@ -498,6 +499,10 @@ class _DaskFM(_DaskWide):
     def _fm_epochs(self, client, comm, local, shards, workers, summaries, n_features,
                    progress, *, loss, heads, intercepts, stats):
         adagrad = self.solver == "adagrad"
+        rows = sum(s["n_rows"] for s in summaries)
+        l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
+                                          stats["total_weight"],
+                                          sum(s["nnz"] for s in summaries) / max(rows, 1))
 
         def states(seed):
             out = []
@@ -512,9 +517,8 @@ class _DaskFM(_DaskWide):
 
         results = self._epochs(
             client, comm, shards, workers, summaries, stats,
-            params_kw=dict(l2_w=float(self.alpha), l2_v=float(self.beta),
-                           fit_linear=self.fit_linear,
-                           penalty_scaled=bool(self.scale_penalty)),
+            params_kw=dict(l2_w=l2_w, l2_v=l2_v, fit_linear=self.fit_linear,
+                           penalty_scaled=scaled),
             loss=loss, model="fm", n_outputs=1, n_factors=self.n_factors,
             states=states, heads=heads, progress=progress)
         return local._fitted_attrs(results, partial=False)

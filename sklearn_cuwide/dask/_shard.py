@@ -85,6 +85,7 @@ def summary(shard, labels):
     classes = np.unique(shard.y) if labels else None
     return {
         "n_rows": int(shard.X.shape[0]),
+        "nnz": int(shard.X.nnz),
         "device": shard.device,
         "total_weight": float(shard.sw.sum()),
         "classes": classes,
