@@ -36,9 +36,6 @@ DEFAULT_FEATURES = {"cpu": 2**12, "cuda": 2**16}
 TEST_FRACTION = 0.2
 #: inverse L2 strength of the logistic regressions (scikit-learn's and ours)
 LR_C = 0.1
-#: (learning_rate, alpha = beta) of adagrad for the two factorization machines
-FM_CLASSIFIER = (0.05, 3e-4)
-FM_REGRESSOR = (0.02, 1e-4)
 
 
 def _parse_args(argv):
@@ -183,9 +180,9 @@ def _models(args, device, n_train):
     mb = dict(
         batch_size=args.batch_size, max_iter=args.epochs, random_state=seed, device=device
     )
-    fm = dict(n_factors=args.n_factors, solver="adagrad", tol=None, **mb)
-    lr_c, reg_c = FM_CLASSIFIER
-    lr_r, reg_r = FM_REGRESSOR
+    # the factorization machines at their defaults (step, penalties, early
+    # stopping keeping the best epoch) but the shared mini-batch settings
+    fm = dict(n_factors=args.n_factors, **mb)
     models = []
     if not args.no_sklearn:
         models += [
@@ -202,15 +199,13 @@ def _models(args, device, n_train):
         ("classification", "GPULogisticRegression (adagrad)",
          lambda: GPULogisticRegression(C=LR_C, solver="adagrad", **mb)),
         ("classification", f"GPUFactorizationMachine (k={args.n_factors})",
-         lambda: GPUFactorizationMachine(
-             learning_rate=lr_c, alpha=reg_c, beta=reg_c, **fm)),
+         lambda: GPUFactorizationMachine(**fm)),
     ]
     if not args.no_sklearn:
         models += [("regression", "sklearn Ridge", lambda: Ridge(alpha=1.0))]
     models += [
         ("regression", f"GPUFactorizationMachineRegressor (k={args.n_factors})",
-         lambda: GPUFactorizationMachineRegressor(
-             learning_rate=lr_r, alpha=reg_r, beta=reg_r, **fm)),
+         lambda: GPUFactorizationMachineRegressor(**fm)),
     ]
     return models
 
@@ -330,9 +325,8 @@ def main(argv=None, out=None):
     print(
         f"settings: C={LR_C} for the logistic regressions; mini-batch solvers "
         f"adagrad, {args.epochs} epochs of batch_size={args.batch_size};\n"
-        f"          factorization machines n_factors={args.n_factors}, "
-        f"learning_rate={FM_CLASSIFIER[0]}, alpha=beta={FM_CLASSIFIER[1]} (classifier), "
-        f"learning_rate={FM_REGRESSOR[0]}, alpha=beta={FM_REGRESSOR[1]} (regressor)",
+        f"          factorization machines n_factors={args.n_factors}, their defaults "
+        f"otherwise (at most {args.epochs} epochs, the best kept)",
         file=out,
     )
 
