@@ -415,8 +415,16 @@ def _diverged(what, params):
     to do."""
     return ValueError(
         f"The fit diverged: {what} (solver={params.solver!r}, learning_rate="
-        f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}."
+        f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}"
+        f"{_TARGET_NOTE if params.loss == 'squared' else ''}."
     )
+
+
+#: the regressor standardises its target itself (_fm._target_scaling): a
+#: large target is no cause of divergence, only X is to be scaled
+_TARGET_NOTE = (
+    "; the target needs no scaling (the regressor standardises it)"
+)
 
 
 def fit_lbfgs_summed(
