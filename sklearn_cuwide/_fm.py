@@ -783,6 +783,19 @@ def _target_scaling(y, sw, *, fit_intercept):
     return offset, scale
 
 
+def _target_scaling_from_sums(total, sum_y, sum_y2, *, fit_intercept):
+    """:func:`_target_scaling` from the weighted sums ``sum(sw)``,
+    ``sum(sw * y)`` and ``sum(sw * y**2)`` (of a data set held in parts)."""
+    if not total > 0:
+        return 0.0, 1.0
+    offset = sum_y / total if fit_intercept else 0.0
+    var = max(sum_y2 / total - offset * offset, 0.0)
+    scale = float(np.sqrt(var))
+    if not (np.isfinite(offset) and np.isfinite(scale) and scale > 0):
+        return 0.0, 1.0
+    return float(offset), scale
+
+
 def _standardise(y, scaling):
     offset, scale = scaling
     return (np.asarray(y, dtype=np.float64) - offset) / scale

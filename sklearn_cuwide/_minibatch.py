@@ -233,12 +233,21 @@ def _warn_blown_up(blown_up, params):
     which = f" ({prefix.rstrip(', ')})" if prefix else ""
     more = f", and {len(blown_up) - 1} other model(s) too" if len(blown_up) > 1 else ""
     warnings.warn(
-        f"The fit diverged: the training loss of the last epoch{which} is "
-        f"{last:.4g}, far above the {base:.4g} of a constant prediction{more} "
-        f"(solver={params.solver!r}, learning_rate={params.learning_rate:.3g}). "
-        f"Lower learning_rate, or {_SCALE_HINT}.",
+        _blown_up_message(which, last, base, more, params),
         ConvergenceWarning,
         stacklevel=4,
+    )
+
+
+def _blown_up_message(which, last, base, more, params):
+    # the loss stayed finite (a non-finite one raises "diverged"): say how far
+    # it ended from a constant prediction's, and the usual cause, unscaled X
+    return (
+        f"The training loss of the last epoch{which} ended at {last:.4g}, far "
+        f"above the {base:.4g} of a constant prediction{more}: the model is worse "
+        f"than predicting a constant (solver={params.solver!r}, learning_rate="
+        f"{params.learning_rate:.3g}), usually because the features are large or "
+        f"unscaled: {_SCALE_HINT}, or lower learning_rate."
     )
 
 

@@ -14,6 +14,8 @@ from sklearn.preprocessing import StandardScaler
 
 from sklearn_cuwide import GPUFactorizationMachineRegressor
 
+from .conftest import make_sparse_problem
+
 
 @pytest.fixture(scope="module")
 def regression():
@@ -110,3 +112,17 @@ def test_regressor_divergence_error_says_the_target_needs_no_scaling(regression)
         warnings.simplefilter("ignore", RuntimeWarning)
         with pytest.raises(ValueError, match="target needs no scaling"):
             _fmr(solver="sgd", learning_rate=1e3, max_iter=5).fit(Xtr * 100, ytr)
+
+
+def test_divergence_raises_without_numpy_overflow_warnings():
+    """The divergence error reports the overflow; numpy's own "overflow
+    encountered in cast" does not leak before it."""
+    X, y = make_sparse_problem(2)
+    X = X.copy()
+    X.data *= 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="diverged"):
+            GPUFactorizationMachineRegressor(solver="sgd", learning_rate=3.0,
+                                             max_iter=20, device="cpu",
+                                             random_state=0).fit(X, y)
