@@ -193,7 +193,7 @@ def test_blown_up_one_vs_rest_warns_once(multiclass):
 def test_sound_fits_do_not_warn(binary, multiclass):
     for X, y in (binary, multiclass):
         for name in ALL:
-            est = _make(name).set_params(max_iter=200 if name == "lr-lbfgs" else 20)
+            est = _make(name).set_params(max_iter=200 if name == "lr-lbfgs" else 500)
             with warnings.catch_warnings():
                 warnings.simplefilter("error", ConvergenceWarning)
                 est.fit(X, y)

@@ -126,3 +126,82 @@ def test_divergence_raises_without_numpy_overflow_warnings():
             GPUFactorizationMachineRegressor(solver="sgd", learning_rate=3.0,
                                              max_iter=20, device="cpu",
                                              random_state=0).fit(X, y)
+
+
+# --------------------------------------------------------------------------
+# early stopping's split, and the end of a fit
+# --------------------------------------------------------------------------
+def _binary(n=50, seed=0):
+    return make_sparse_problem(2, n_samples=n, seed=seed)
+
+
+@pytest.mark.parametrize("fraction,advice", [(0.01, "Increase"), (0.99, "Decrease")])
+def test_split_error_says_which_way_to_move_the_fraction(fraction, advice):
+    from sklearn_cuwide import GPUFactorizationMachine
+
+    X, y = _binary()
+    est = GPUFactorizationMachine(early_stopping=True, validation_fraction=fraction,
+                                  device="cpu")
+    with pytest.raises(ValueError, match=f"{advice} validation_fraction") as e:
+        est.fit(X, y)
+    other = "Decrease" if advice == "Increase" else "Increase"
+    assert other not in str(e.value)
+
+
+def _lone_class(n):
+    X, y = make_sparse_problem(2, n_samples=n, seed=3)
+    y = y.copy()
+    y[7] = 2  # a third class with a single sample
+    return X, y
+
+
+def test_a_lone_class_under_auto_early_stopping_fits_without_it(monkeypatch):
+    from sklearn_cuwide import GPUFactorizationMachine, _minibatch
+
+    # "auto" holds out a split from this many rows on (10,000 by default)
+    monkeypatch.setattr(_minibatch, "EARLY_STOPPING_AUTO_MIN_SAMPLES", 100)
+    X, y = _lone_class(300)
+    est = GPUFactorizationMachine(max_iter=3, tol=None, device="cpu", random_state=0)
+    est.fit(X, y)
+    assert est.best_iteration_ is None and est.validation_score_.size == 0
+    assert list(est.classes_) == [0, 1, 2]
+    # the same fit with early stopping off: every row trained
+    off = GPUFactorizationMachine(max_iter=3, tol=None, device="cpu", random_state=0,
+                                  early_stopping=False).fit(X, y)
+    assert_allclose(est.predict_proba(X), off.predict_proba(X))
+
+
+def test_a_lone_class_under_forced_early_stopping_names_the_way_out():
+    from sklearn_cuwide import GPULogisticRegression
+
+    X, y = _lone_class(300)
+    est = GPULogisticRegression(solver="adagrad", early_stopping=True, device="cpu")
+    with pytest.raises(ValueError, match="only 1 sample.*early_stopping=False"):
+        est.fit(X, y)
+
+
+def _estimators_minibatch():
+    from sklearn_cuwide import GPUFactorizationMachine, GPULogisticRegression
+
+    return [GPULogisticRegression(solver="adagrad", device="cpu", random_state=0),
+            GPUFactorizationMachine(device="cpu", random_state=0),
+            GPUFactorizationMachineRegressor(device="cpu", random_state=0)]
+
+
+@pytest.mark.parametrize("est", _estimators_minibatch(), ids=lambda e: type(e).__name__)
+def test_max_iter_reached_warns_as_sgdclassifier(est):
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = make_sparse_problem(2, n_samples=400)
+    with pytest.warns(ConvergenceWarning,
+                      match="Maximum number of iteration reached before convergence"):
+        est.set_params(max_iter=2).fit(X, y)
+    assert est.n_iter_ == 2 or list(est.n_iter_) == [2]
+    # no stopping rule, partial_fit, or a fit the rule stopped: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        if "n_factors" in est.get_params():  # the FMs take tol=None
+            est.set_params(tol=None).fit(X, y)
+        est.set_params(tol=1e-4).partial_fit(X, y)
+        est.set_params(max_iter=500, tol=1e-4).fit(X, y)
+        assert np.max(est.n_iter_) < 500
