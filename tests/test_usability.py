@@ -205,3 +205,39 @@ def test_max_iter_reached_warns_as_sgdclassifier(est):
         est.set_params(tol=1e-4).partial_fit(X, y)
         est.set_params(max_iter=500, tol=1e-4).fit(X, y)
         assert np.max(est.n_iter_) < 500
+
+
+# --------------------------------------------------------------------------
+# names and labels
+# --------------------------------------------------------------------------
+def test_insufficient_memory_error_has_its_public_name():
+    import traceback
+
+    import sklearn_cuwide
+    from sklearn_cuwide import InsufficientMemoryError
+
+    assert InsufficientMemoryError.__module__ == "sklearn_cuwide"
+    line = traceback.format_exception_only(InsufficientMemoryError("needs more"))[-1]
+    assert line.startswith("sklearn_cuwide.InsufficientMemoryError: needs more")
+    # pickled by its public name (an error sent back from a worker process)
+    e = pickle.loads(pickle.dumps(InsufficientMemoryError("x")))
+    assert type(e) is sklearn_cuwide.InsufficientMemoryError
+
+
+@pytest.mark.parametrize("name", ["lr", "fm"])
+def test_partial_fit_classes_missing_labels_of_y(name):
+    """``classes=[1]`` with y in {-1, 1}: the labels outside ``classes`` are
+    the mistake (as SGDClassifier says), not a single class."""
+    from sklearn_cuwide import GPUFactorizationMachine, GPULogisticRegression
+
+    X, y = make_sparse_problem(2, n_samples=100)
+    y_pm1 = np.where(y == 1, 1, -1)
+    est = (GPULogisticRegression(solver="adagrad", device="cpu") if name == "lr"
+           else GPUFactorizationMachine(device="cpu"))
+    with pytest.raises(ValueError, match=r"labels \[-1\] that are not in classes \[1\]"
+                                         r".*`classes` should include all valid labels"):
+        est.partial_fit(X, y_pm1, classes=[1])
+    assert not hasattr(est, "classes_")
+    # a single class that holds every label of y is still refused as such
+    with pytest.raises(ValueError, match="only one class"):
+        est.partial_fit(X[y == 1], y_pm1[y == 1], classes=[1])
