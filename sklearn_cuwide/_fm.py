@@ -533,7 +533,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     first ``partial_fit``) fixes the standardisation; ``partial_fit`` and a
     ``warm_start`` fit that continues the model keep it.  ``tol`` compares
     losses of the standardised target (a share of its variance), whatever
-    the units of ``y``.
+    the units of ``y``, and ``verbose`` prints them; ``loss_curve_`` and
+    ``validation_score_`` are in the units of ``y``.
 
     A fit that diverges (a loss or a parameter that is not finite) raises a
     ``ValueError`` saying what to do, and one whose loss ends far above a
