@@ -376,6 +376,28 @@ def test_dense_chunks_refused(client, binary):
         dask_api.GPULogisticRegression(device="cpu", client=client).fit(dX, dy)
 
 
+def test_dense_chunks_refused_on_the_client_before_any_task(client, binary):
+    """One clear error from the client, not a worker's traceback per chunk."""
+    from distributed import get_task_stream
+
+    X, y = binary
+    dX = da.from_array(X.toarray(), chunks=(CHUNK, -1))
+    dy = da.from_array(y, chunks=CHUNK)
+    with get_task_stream(client) as ts:
+        with pytest.raises(TypeError, match="chunks are dense numpy arrays.*map_blocks"):
+            dask_api.GPUFactorizationMachine(device="cpu", client=client).fit(dX, dy)
+    assert ts.data == []
+    # CSR chunks from dask.array.from_delayed, with the meta that says so
+    import dask
+
+    parts = [da.from_delayed(dask.delayed(X[i:i + CHUNK]), shape=X[i:i + CHUNK].shape,
+                             dtype=X.dtype, meta=sp.csr_matrix((0, X.shape[1])))
+             for i in range(0, X.shape[0], CHUNK)]
+    est = dask_api.GPULogisticRegression(solver="adagrad", max_iter=2, device="cpu",
+                                         client=client)
+    est.fit(da.concatenate(parts), dy)
+
+
 def test_csc_chunks_refused(client, binary):
     X, y = binary
     dX = da.from_array(X, chunks=(CHUNK, -1), asarray=False).map_blocks(

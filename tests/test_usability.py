@@ -241,3 +241,22 @@ def test_partial_fit_classes_missing_labels_of_y(name):
     # a single class that holds every label of y is still refused as such
     with pytest.raises(ValueError, match="only one class"):
         est.partial_fit(X[y == 1], y_pm1[y == 1], classes=[1])
+
+
+# --------------------------------------------------------------------------
+# installing the Dask part
+# --------------------------------------------------------------------------
+def test_dask_extra_leaves_dask_cuda_to_its_own_extra():
+    import configparser
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    extras = cfg["options.extras_require"]
+    assert "dask-cuda" not in extras["dask"] and "dask[distributed]" in extras["dask"]
+    assert "dask-cuda" in extras["dask-cuda"]
+    # the docs install from a checkout, as the README does: the package is
+    # not on a package index
+    text = (root / "docs" / "dask.rst").read_text()
+    assert "sklearn-cuwide[" not in text and 'pip install ".[dask]"' in text

@@ -384,7 +384,10 @@ _DOC = """{summary}
     per worker.  Each worker keeps its partition (and, for the mini-batch
     solvers, its tile layout) in its memory for the whole fit.
     {solvers}
-    ``warm_start`` and ``early_stopping`` are not supported.  A fit sets
+    ``warm_start`` and ``early_stopping`` are not supported:
+    ``early_stopping="auto"`` (the default) is read as off whatever the
+    number of rows (the partitions hold no validation split), and
+    ``early_stopping=True`` or ``warm_start=True`` raises.  A fit sets
     the fitted attributes of :class:`sklearn_cuwide.{name}` (``coef_``,
     ...), which :meth:`to_local`'s estimator holds too.  See :doc:`/dask`.
 
