@@ -739,11 +739,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         offset, scale = target_scaling
         n_old = len(self.loss_curve_) if partial and hasattr(self, "loss_curve_") else 0
         fitted = super()._fitted_attrs(results, partial=partial)
-        fitted["coef_"] = (fitted["coef_"] * scale).astype(COMPUTE_DTYPE)
-        fitted["intercept_"] = (fitted["intercept_"].astype(np.float64) * scale
-                                + (offset if self.fit_intercept else 0.0)
-                                ).astype(COMPUTE_DTYPE)
-        fitted["factors_"] = (fitted["factors_"] * np.sqrt(scale)).astype(COMPUTE_DTYPE)
+        fitted["coef_"], fitted["intercept_"], fitted["factors_"] = _in_user_units(
+            fitted["coef_"], fitted["intercept_"], fitted["factors_"],
+            (offset if self.fit_intercept else 0.0, scale))
         curve = fitted["loss_curve_"]
         fitted["loss_curve_"] = curve[:n_old] + [c * scale**2 for c in curve[n_old:]]
         fitted["validation_score_"] = fitted["validation_score_"] * scale**2
@@ -795,6 +793,16 @@ def _target_scaling_from_sums(total, sum_y, sum_y2, *, fit_intercept):
     if not (np.isfinite(offset) and np.isfinite(scale) and scale > 0):
         return 0.0, 1.0
     return float(offset), scale
+
+
+def _in_user_units(w, b, V, scaling):
+    """A model ``(w, b, V)`` of the standardised target in the units of ``y``
+    (the compute dtype): ``w * scale``, ``b * scale + offset``, ``V *
+    sqrt(scale)``; numpy or cupy arrays."""
+    offset, scale = scaling
+    return ((w * scale).astype(COMPUTE_DTYPE),
+            (b.astype(np.float64) * scale + offset).astype(COMPUTE_DTYPE),
+            (V * float(np.sqrt(scale))).astype(COMPUTE_DTYPE))
 
 
 def _standardise(y, scaling):
