@@ -532,8 +532,11 @@ def test_verbose_reports_the_setup_and_the_whole_fits_rate(binary, multiclass, n
     assert stages[:4] == ["input checks", "validation split", "step parameters", "layout"]
     assert len([s for s in stages if s.endswith("initial state")]) == heads
     assert all(ln.endswith(" in 1.000 s") for ln in setup)  # one tick each
+    # early stopping ends each model's epochs with why and what it kept
+    stopped = [ln for ln in lines if re.match(r"^(Model \d+ of \d+, s|S)topped after", ln)]
+    assert len(stopped) == heads
     epochs = [_EPOCH.match(ln) for ln in lines
-              if not ln.startswith(("Stage: ", "Fit: "))]
+              if not ln.startswith(("Stage: ", "Fit: ")) and ln not in stopped]
     assert all(epochs) and len(epochs) == 3 * heads == heads * int(np.ravel(est.n_iter_)[0])
     n_rows = X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
     for k, m in enumerate(epochs, start=1):
