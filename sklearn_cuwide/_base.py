@@ -619,16 +619,19 @@ class _WideClassifierMixin:
         ``y`` as indices into them (labels outside them are an error)."""
         check_classification_targets(y)
         _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
-        if self.classes_.size < 2:
-            cls = self.classes_
-            del self.classes_
-            raise self._single_class_error(cls)
+        # labels outside `classes` first: a `classes` missing some of y's
+        # labels is the mistake then, however many classes it names
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if unknown.size:
             raise ValueError(
                 f"y contains labels {unknown.tolist()} that are not in classes "
-                f"{self.classes_.tolist()}."
+                f"{self.classes_.tolist()}: `classes` should include all valid "
+                "labels that can be in y."
             )
+        if self.classes_.size < 2:
+            cls = self.classes_
+            del self.classes_
+            raise self._single_class_error(cls)
         return np.searchsorted(self.classes_, y)
 
     def decision_function(self, X):

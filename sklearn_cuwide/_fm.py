@@ -538,6 +538,17 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     one), in float32; float64 input is accepted, and the fitted arrays are
     float32.
 
+    The target is standardised inside the fit (its weighted mean and
+    standard deviation; without an intercept, its root mean square alone),
+    so that the model does not depend on the units of ``y``: fitting
+    ``a * y + c`` predicts ``a`` times the predictions of fitting ``y``, plus
+    ``c``.  The fitted attributes are in the units of ``y``.  ``fit`` (or the
+    first ``partial_fit``) fixes the standardisation; ``partial_fit`` and a
+    ``warm_start`` fit that continues the model keep it.  ``tol`` compares
+    losses of the standardised target (a share of its variance), whatever
+    the units of ``y``, and ``verbose`` prints them; ``loss_curve_`` and
+    ``validation_score_`` are in the units of ``y``.
+
     A fit that diverges (a loss or a parameter that is not finite) raises a
     ``ValueError`` saying what to do, and one whose loss ends far above a
     constant prediction's warns a ``ConvergenceWarning``.  A fit that fails
@@ -558,11 +569,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     n_iter_ : int
         Epochs run.
     loss_curve_ : list of float
-        Mean training loss (half the squared error) of each epoch.
+        Mean training loss (half the squared error, in the units of ``y``
+        squared) of each epoch.
     validation_score_ : ndarray of shape (n_epochs,)
         With early stopping, the negative mean validation loss (half the
-        squared error) of each epoch run (higher is better, as
-        scikit-learn's HistGradientBoosting records it); empty without it.
+        squared error, in the units of ``y`` squared) of each epoch run
+        (higher is better, as scikit-learn's HistGradientBoosting records
+        it); empty without it.
     best_iteration_ : int or None
         With early stopping, the epoch whose model was kept (the one of
         least validation loss); None without it.
@@ -649,11 +662,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             check_weight_range(sw)
             progress.stage("input checks")
             warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
+            scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
             results = self._fit_heads(
-                X, [y], sw, backend, warm, stratify=None, partial=False,
-                progress=progress,
+                X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
+                partial=False, progress=progress,
             )
-            commit(self, {"device_": device_, **self._fitted_attrs(results, partial=False)})
+            commit(self, {"device_": device_, **self._fitted_attrs(
+                results, partial=False, target_scaling=scaling)})
             self._set_gpu_cache(backend)
         progress.finish()
         return self
@@ -685,11 +700,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             check_weight_range(sw)
             progress.stage("input checks")
             warm = None if first else self._warm_states(X.shape[1], 1)
+            scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
             results = self._fit_heads(
-                X, [y], sw, backend, warm, stratify=None, partial=True,
-                progress=progress,
+                X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
+                partial=True, progress=progress,
             )
-            commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
+            commit(self, {"device_": device_, **self._fitted_attrs(
+                results, partial=True, target_scaling=scaling)})
             self._set_gpu_cache(backend)
         progress.finish()
         return self
@@ -697,6 +714,52 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     @staticmethod
     def _model_attrs(W, b, V):
         return {"coef_": W[0], "intercept_": b, "factors_": V[0]}
+
+    # The target is standardised: the fit trains on (y - offset) / scale and
+    # the fitted attributes are in the user's units, so that the model does
+    # not depend on the units of y (the steps and the penalties are sized for
+    # targets of unit variance).  The offset and scale are fixed by fit (or
+    # the first partial_fit) and kept while a model is continued.
+
+    def _fit_target_scaling(self, y, sw, *, continued):
+        """``(offset, scale)`` of this call: the fitted model's when the call
+        continues it, else from ``y`` and ``sw``."""
+        if continued:
+            return self._stored_target_scaling()
+        return _target_scaling(y, sw, fit_intercept=self.fit_intercept)
+
+    def _stored_target_scaling(self):
+        # a model fitted without them (the Dask fit) trained on y itself
+        return (float(getattr(self, "_target_offset", 0.0)),
+                float(getattr(self, "_target_scale", 1.0)))
+
+    def _warm_states(self, n_features, n_heads):
+        """The fitted model in the standardised target's units."""
+        states = super()._warm_states(n_features, n_heads)
+        if states is not None:
+            offset, scale = self._stored_target_scaling()
+            for st in states:
+                st.w[:] = st.w / scale
+                st.b[:] = (st.b - offset) / scale
+                st.V[:] = st.V / np.sqrt(scale)
+        return states
+
+    def _fitted_attrs(self, results, *, partial, target_scaling=(0.0, 1.0)):
+        """The fitted attributes in the user's units: the intercept
+        ``b * scale + offset``, the linear weights times ``scale``, the
+        factors times ``sqrt(scale)`` (the pairwise term is quadratic in
+        them); the losses (squared error) times ``scale ** 2``."""
+        offset, scale = target_scaling
+        n_old = len(self.loss_curve_) if partial and hasattr(self, "loss_curve_") else 0
+        fitted = super()._fitted_attrs(results, partial=partial)
+        fitted["coef_"], fitted["intercept_"], fitted["factors_"] = _in_user_units(
+            fitted["coef_"], fitted["intercept_"], fitted["factors_"],
+            (offset if self.fit_intercept else 0.0, scale))
+        curve = fitted["loss_curve_"]
+        fitted["loss_curve_"] = curve[:n_old] + [c * scale**2 for c in curve[n_old:]]
+        fitted["validation_score_"] = fitted["validation_score_"] * scale**2
+        fitted["_target_offset"], fitted["_target_scale"] = float(offset), float(scale)
+        return fitted
 
     def _heads(self):
         return [(self.coef_[:, None], self.intercept_, self.factors_)]
@@ -713,3 +776,48 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         ndarray of shape (n_samples,)
         """
         return self._decision(X)[:, 0]
+
+
+def _target_scaling(y, sw, *, fit_intercept):
+    """``(offset, scale)`` that standardise the regressor's target: the
+    weighted mean and standard deviation of ``y`` (without an intercept, no
+    offset and the root mean square, so that the model keeps no intercept);
+    a scale of 1 for a constant target."""
+    y = np.asarray(y, dtype=np.float64)
+    sw = np.asarray(sw, dtype=np.float64)
+    total = float(sw.sum())
+    if not total > 0:
+        return 0.0, 1.0
+    offset = float(np.dot(sw, y) / total) if fit_intercept else 0.0
+    scale = float(np.sqrt(np.dot(sw, (y - offset) ** 2) / total))
+    if not (np.isfinite(offset) and np.isfinite(scale) and scale > 0):
+        return 0.0, 1.0
+    return offset, scale
+
+
+def _target_scaling_from_sums(total, sum_y, sum_y2, *, fit_intercept):
+    """:func:`_target_scaling` from the weighted sums ``sum(sw)``,
+    ``sum(sw * y)`` and ``sum(sw * y**2)`` (of a data set held in parts)."""
+    if not total > 0:
+        return 0.0, 1.0
+    offset = sum_y / total if fit_intercept else 0.0
+    var = max(sum_y2 / total - offset * offset, 0.0)
+    scale = float(np.sqrt(var))
+    if not (np.isfinite(offset) and np.isfinite(scale) and scale > 0):
+        return 0.0, 1.0
+    return float(offset), scale
+
+
+def _in_user_units(w, b, V, scaling):
+    """A model ``(w, b, V)`` of the standardised target in the units of ``y``
+    (the compute dtype): ``w * scale``, ``b * scale + offset``, ``V *
+    sqrt(scale)``; numpy or cupy arrays."""
+    offset, scale = scaling
+    return ((w * scale).astype(COMPUTE_DTYPE),
+            (b.astype(np.float64) * scale + offset).astype(COMPUTE_DTYPE),
+            (V * float(np.sqrt(scale))).astype(COMPUTE_DTYPE))
+
+
+def _standardise(y, scaling):
+    offset, scale = scaling
+    return (np.asarray(y, dtype=np.float64) - offset) / scale

@@ -73,6 +73,9 @@ class InsufficientMemoryError(MemoryError):
     available and the settings that would fit.
     """
 
+    # the public name in tracebacks and reprs, not the private module
+    __module__ = "sklearn_cuwide"
+
 
 def format_bytes(n):
     """``n`` bytes in the largest binary unit that keeps it above 1."""

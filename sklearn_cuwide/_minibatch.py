@@ -129,7 +129,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     X = canonical_csr(X)
     tr = va = None
     if schedule.validation_fraction is not None and uses_validation(
-            schedule.early_stopping, X.shape[0]):
+            schedule.early_stopping, X.shape[0]) and _can_stratify(
+            schedule.early_stopping, stratify):
         tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                    seed_split)
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
@@ -179,6 +180,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         results.append(HeadResult(out, n_iter, curve, vcurve, best))
     if blown_up:
         _warn_blown_up(blown_up, params)
+    elif not partial:  # a blown-up fit's warning says enough
+        _warn_max_iter(results, schedule)
     return results
 
 
@@ -234,12 +237,21 @@ def _warn_blown_up(blown_up, params):
     which = f" ({prefix.rstrip(', ')})" if prefix else ""
     more = f", and {len(blown_up) - 1} other model(s) too" if len(blown_up) > 1 else ""
     warnings.warn(
-        f"The fit diverged: the training loss of the last epoch{which} is "
-        f"{last:.4g}, far above the {base:.4g} of a constant prediction{more} "
-        f"(solver={params.solver!r}, learning_rate={params.learning_rate:.3g}). "
-        f"Lower learning_rate, or {_SCALE_HINT}.",
+        _blown_up_message(which, last, base, more, params),
         ConvergenceWarning,
         stacklevel=4,
+    )
+
+
+def _blown_up_message(which, last, base, more, params):
+    # the loss stayed finite (a non-finite one raises "diverged"): say how far
+    # it ended from a constant prediction's, and the usual cause, unscaled X
+    return (
+        f"The training loss of the last epoch{which} ended at {last:.4g}, far "
+        f"above the {base:.4g} of a constant prediction{more}: the model is worse "
+        f"than predicting a constant (solver={params.solver!r}, learning_rate="
+        f"{params.learning_rate:.3g}), usually because the features are large or "
+        f"unscaled: {_SCALE_HINT}, or lower learning_rate."
     )
 
 
@@ -266,11 +278,57 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
             f"The validation set of early stopping (validation_fraction="
             f"{validation_fraction}) would have {n_val} of {n_samples} samples; "
             f"both it and the training set need at least {n_classes} sample(s). "
-            "Increase validation_fraction, or set early_stopping=False."
+            f"{_fraction_advice(n_val < n_classes)}, or set early_stopping=False."
         )
     idx = np.zeros(n_samples) if stratify is None else stratify
     train, val = next(splitter.split(np.zeros((n_samples, 1)), idx))
     return np.sort(train), np.sort(val)
+
+
+def _fraction_advice(validation_too_small):
+    # the side of the split that is too small says which way to move
+    if validation_too_small:
+        return "Increase validation_fraction"
+    return "Decrease validation_fraction"
+
+
+def _can_stratify(early_stopping, stratify):
+    """Whether the classes (``stratify``, class indices; None for a
+    regressor) can be split into a stratified validation split: every class
+    needs a sample on both sides.  A class with a single sample cannot:
+    ``early_stopping="auto"`` then fits without early stopping (every row
+    trains, the lone sample included), and ``early_stopping=True`` raises."""
+    if stratify is None:
+        return True
+    counts = np.bincount(np.asarray(stratify, dtype=np.intp))
+    counts = counts[counts > 0]
+    if counts.size == 0 or counts.min() >= 2:
+        return True
+    if early_stopping == "auto":
+        return False
+    raise ValueError(
+        f"early_stopping=True holds out a validation split stratified by class, "
+        f"and the least populated class has only {int(counts.min())} sample: a "
+        f"class needs at least 2, one on each side of the split. Set "
+        f"early_stopping=False, or give every class at least 2 samples."
+    )
+
+
+def _warn_max_iter(results, schedule):
+    """A ConvergenceWarning, as scikit-learn's SGDClassifier warns, when a
+    stopping rule was active (``tol`` not None) and a head ran all
+    ``max_iter`` epochs without it being met."""
+    if schedule.tol is None:
+        return
+    if any(r.n_iter >= schedule.max_iter for r in results):
+        warnings.warn(
+            f"Maximum number of iteration reached before convergence "
+            f"(max_iter={schedule.max_iter}). Consider increasing max_iter to "
+            f"improve the fit, or set tol=None to run max_iter epochs without "
+            f"this warning.",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
 
 
 def _take_rows(X, rows, backend):

@@ -92,7 +92,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
     """
     from ._backends import get_backend
     from ._base import _check_fit_data, _check_predict_data, _fit_device, commit
-    from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
+    from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor, _standardise
     from ._logistic import GPULogisticRegression
 
     t0 = time.perf_counter()
@@ -128,15 +128,20 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
         commit(est, est._minibatch_attrs(X, y_idx, sw, C, l1_ratio, probe, None, classes,
                                          partial=False))
     else:
-        if regressor:
-            targets, stratify = [y], None
+        if regressor:  # the target standardised, as the regressor's fit does
+            scaling = est._fit_target_scaling(y, sw, continued=False)
+            targets, stratify = [_standardise(y, scaling)], None
+            probe.target_scaling = scaling
         else:
             est.classes_, stratify = est._fit_classes(y)
             sw = est._weights(est.classes_, y, sw)
             targets = est._targets(stratify)
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
                                  partial=False)
-        est._store(results, partial=False)
+        if regressor:
+            commit(est, est._fitted_attrs(results, partial=False, target_scaling=scaling))
+        else:
+            est._store(results, partial=False)
     return probe.timings(list(est.loss_curve_))
 
 
@@ -157,6 +162,8 @@ class _Probe:
         self._heads = []  # per model trained (one-vs-rest: per class): [(s, Z), ...]
         self.setup_s = None
         self.workers = 1
+        #: the regressor's (offset, scale): its decision values in y's units
+        self.target_scaling = (0.0, 1.0)
 
     def __getattr__(self, name):
         return getattr(self._be, name)
@@ -208,8 +215,12 @@ class _Probe:
             seconds = gpu.elapsed_ms(start, stop) / 1e3
         Z = None
         if self._Xe is not None:
-            Z = be.decision_function(self._Xe, state.w, state.b, state.V,
-                                     fit_linear=params.fit_linear)
+            w, b, V = state.w, state.b, state.V
+            if self.target_scaling != (0.0, 1.0):  # as the regressor reports it
+                from ._fm import _in_user_units
+
+                w, b, V = _in_user_units(w, b, V, self.target_scaling)
+            Z = be.decision_function(self._Xe, w, b, V, fit_linear=params.fit_linear)
             Z = np.asarray(be.to_host(Z), dtype=np.float64)
         self._heads[-1].append((seconds, Z))
         return lsum

@@ -374,6 +374,10 @@ def fit_minibatch(
             if no_improve >= n_iter_no_change:
                 break
     restored = best_state is not None and val_curve and val_curve[-1] > best_val
+    if val_curve:
+        progress.note(_early_stopping_summary(
+            log_prefix, val_curve, n_iter, max_iter, n_iter_no_change, tol,
+            kept_best=restore_best))
     if ooc is not None:  # the host state (layout order), resident rows copied back
         out = (best_state if restored else ooc.state()).permute_features(layout.feature_rank)
     else:  # back to the user's feature order where the state is, then one copy
@@ -384,6 +388,22 @@ def fit_minibatch(
     progress.stage(f"{log_prefix}model back")
     check_finite_state(out, n_iter, params)
     return out, n_iter, loss_curve, val_curve
+
+
+def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_change,
+                            tol, *, kept_best):
+    """The line ``verbose`` ends an early-stopped fit's epochs with: why it
+    stopped, and which epoch's model it keeps (``best_iteration_``)."""
+    if n_iter < int(max_iter):
+        why = (f"no improvement of the validation loss by tol={tol:g} for "
+               f"{n_iter_no_change} epochs")
+    else:
+        why = f"max_iter={int(max_iter)} epochs reached"
+    best = int(np.argmin(val_curve)) + 1 if kept_best else n_iter
+    text = (f"{log_prefix}stopped after epoch {n_iter}: {why}; the model of epoch "
+            f"{best} (best_iteration_), validation loss {val_curve[best - 1]:.6f}, "
+            f"is kept")
+    return text[0].upper() + text[1:]
 
 
 def check_finite_state(state, n_iter, params):
@@ -415,8 +435,16 @@ def _diverged(what, params):
     to do."""
     return ValueError(
         f"The fit diverged: {what} (solver={params.solver!r}, learning_rate="
-        f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}."
+        f"{params.learning_rate:.3g}). Lower learning_rate, or {_SCALE_HINT}"
+        f"{_TARGET_NOTE if params.loss == 'squared' else ''}."
     )
+
+
+#: the regressor standardises its target itself (_fm._target_scaling): a
+#: large target is no cause of divergence, only X is to be scaled
+_TARGET_NOTE = (
+    "; the target needs no scaling (the regressor standardises it)"
+)
 
 
 def fit_lbfgs_summed(

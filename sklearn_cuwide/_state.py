@@ -350,6 +350,11 @@ class FitProgress:
         rate = self.samples / total if total > 0 else math.inf
         return f"{rate:,.0f} samples/s, {total:.2f} s since the fit began"
 
+    def note(self, line):
+        """Print ``line`` as it is (no time: the span goes on)."""
+        self._flush_iterations()
+        self._print(line)
+
     def stage(self, name):
         """End the stage ``name`` (it began where the last line's span ended)."""
         self._flush_iterations()

@@ -18,6 +18,7 @@ from sklearn_cuwide import dask as dask_api  # noqa: E402
 from sklearn_cuwide._backends import _cpu  # noqa: E402
 from sklearn_cuwide._base import _check_fit_data  # noqa: E402
 from sklearn_cuwide._device import cuda_device_count  # noqa: E402
+from sklearn_cuwide._fm import _standardise, _target_scaling  # noqa: E402
 from sklearn_cuwide._minibatch import COMPUTE_DTYPE, _seeds  # noqa: E402
 from sklearn_cuwide._solvers import fit_minibatch  # noqa: E402
 from sklearn_cuwide._state import ModelState  # noqa: E402
@@ -181,7 +182,10 @@ def _single_process_setup(local, X, y, sw):
         swc = est._weights(classes, yc, swc)
         est._minibatch_attrs(Xc, y_idx, swc, C, l1, probe, None, classes, partial=False)
     elif regressor:
-        est._fit_heads(Xc, [yc], swc, probe, None, stratify=None, partial=False)
+        # the target standardised as the regressor's fit does
+        scaling = _target_scaling(yc, swc, fit_intercept=est.fit_intercept)
+        est._fit_heads(Xc, [_standardise(yc, scaling)], swc, probe, None, stratify=None,
+                       partial=False)
     else:
         classes, y_idx = est._fit_classes(yc)
         swc = est._weights(classes, yc, swc)
@@ -242,6 +246,10 @@ def test_minibatch_is_the_averaged_partitions(client, name, make, problem, reque
     ref = _reference_epochs(local, X, y, sw, [UNEQUAL[:2], UNEQUAL[2:]], local.max_iter)
     got = est.to_local()
     assert type(got) is type(local)
+    if problem == "regression":  # trained on the standardised target
+        off, sc = _target_scaling(y, sw, fit_intercept=local.fit_intercept)
+        for st in ref:
+            st.w, st.b, st.V = st.w * sc, st.b * sc + off, st.V * np.sqrt(sc)
     for (w, b, V), st in zip(_fitted_heads(got), ref):
         np.testing.assert_allclose(w, st.w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(b, st.b, rtol=1e-5, atol=1e-6)
@@ -368,6 +376,28 @@ def test_dense_chunks_refused(client, binary):
         dask_api.GPULogisticRegression(device="cpu", client=client).fit(dX, dy)
 
 
+def test_dense_chunks_refused_on_the_client_before_any_task(client, binary):
+    """One clear error from the client, not a worker's traceback per chunk."""
+    from distributed import get_task_stream
+
+    X, y = binary
+    dX = da.from_array(X.toarray(), chunks=(CHUNK, -1))
+    dy = da.from_array(y, chunks=CHUNK)
+    with get_task_stream(client) as ts:
+        with pytest.raises(TypeError, match="chunks are dense numpy arrays.*map_blocks"):
+            dask_api.GPUFactorizationMachine(device="cpu", client=client).fit(dX, dy)
+    assert ts.data == []
+    # CSR chunks from dask.array.from_delayed, with the meta that says so
+    import dask
+
+    parts = [da.from_delayed(dask.delayed(X[i:i + CHUNK]), shape=X[i:i + CHUNK].shape,
+                             dtype=X.dtype, meta=sp.csr_matrix((0, X.shape[1])))
+             for i in range(0, X.shape[0], CHUNK)]
+    est = dask_api.GPULogisticRegression(solver="adagrad", max_iter=2, device="cpu",
+                                         client=client)
+    est.fit(da.concatenate(parts), dy)
+
+
 def test_csc_chunks_refused(client, binary):
     X, y = binary
     dX = da.from_array(X, chunks=(CHUNK, -1), asarray=False).map_blocks(
@@ -492,3 +522,16 @@ def test_one_gpu_worker_is_the_single_gpu_fit(binary):
         f = dask_api.GPUFactorizationMachine(**kw, client=c).fit(*_dask(X, y, X.shape[0])[:2])
         g = local_api.GPUFactorizationMachine(**kw).fit(X, y)
         np.testing.assert_allclose(f.factors_, g.factors_, rtol=1e-4, atol=1e-6)
+
+
+def test_regressor_does_not_depend_on_the_units_of_y(client, request):
+    """As the single-process regressor, the Dask one standardises the target."""
+    X, y = _problem("regression", request)
+    local = local_api.GPUFactorizationMachineRegressor(
+        n_factors=4, batch_size=64, max_iter=3, random_state=4, device="cpu", tol=None)
+    fits = []
+    for t in (y, y * 1000 + 5):
+        dX, dy, _ = _dask(X, t, chunk=UNEQUAL)
+        fits.append(_dask_of(local, client).fit(dX, dy).to_local().predict(X))
+    p, q = fits
+    np.testing.assert_allclose(q, p * 1000 + 5, rtol=0, atol=1e-4 * 1000 * np.abs(p).max())

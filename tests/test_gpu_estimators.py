@@ -132,3 +132,18 @@ def test_regressor_gpu_close_to_cpu():
     r_cpu = np.sqrt(np.mean((cpu.predict(X[25000:]) - y[25000:]) ** 2))
     r_gpu = np.sqrt(np.mean((gpu.predict(X[25000:]) - y[25000:]) ** 2))
     assert r_gpu < r_cpu * 1.05 + 0.01, (r_gpu, r_cpu)
+
+
+def test_regressor_gpu_does_not_depend_on_the_units_of_y():
+    """The target standardised on the GPU too: fitting ``1000 y + 5`` gives
+    1000 times the predictions of fitting ``y``, plus 5 (one worker: the
+    sequential order)."""
+    from sklearn_cuwide.datasets import make_ctr_regression
+
+    X, y = make_ctr_regression(n_samples=5000, n_features=2**10, model="fm",
+                               random_state=0)
+    kw = dict(batch_size=256, max_iter=5, random_state=0, n_factors=4, concurrency=1,
+              device="cuda")
+    p = GPUFactorizationMachineRegressor(**kw).fit(X, y).predict(X)
+    q = GPUFactorizationMachineRegressor(**kw).fit(X, y * 1000 + 5).predict(X)
+    np.testing.assert_allclose(q, p * 1000 + 5, rtol=0, atol=1e-3 * 1000 * np.abs(p).max())

@@ -213,10 +213,11 @@ def test_verbose_prints_one_line_per_epoch(sparse_binary, capsys):
     epochs = [ln for ln in lines if ln.startswith("Epoch")]
     assert len(epochs) == est.n_iter_[0] == 3
     assert all("loss" in ln and "validation" in ln and "samples/s" in ln for ln in epochs)
-    # after the setup stages, before the model back, the attributes and the
-    # whole fit (tests/test_verbose.py has the rest)
-    assert all(ln.startswith("Stage:") for ln in lines[:-6])
-    assert lines[-6:-3] == epochs and lines[-1].startswith("Fit: ")
+    # after the setup stages, before early stopping's summary, the model back,
+    # the attributes and the whole fit (tests/test_verbose.py has the rest)
+    assert all(ln.startswith("Stage:") for ln in lines[:-7])
+    assert lines[-7:-4] == epochs and lines[-1].startswith("Fit: ")
+    assert lines[-4].startswith("Stopped after epoch 3: max_iter=3 epochs reached")
 
 
 # --------------------------------------------------------------------------

@@ -9,9 +9,11 @@ second where a test needs numbers.
 
 import re
 import types
+import warnings
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
 from sklearn_cuwide import (
     GPUFactorizationMachine,
@@ -30,6 +32,10 @@ EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d
 ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s: loss [\d.]+, "
                         r"[\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
 FIT = re.compile(r"^Fit: \d+\.\d{3} s, ([\d,]+) samples, [\d,]+ samples/s$")
+STOPPED = re.compile(r"^(?:Model \d+ of \d+, s|S)topped after epoch (\d+): (?:no "
+                     r"improvement of the validation loss by tol=\S+ for \d+ epochs|"
+                     r"max_iter=\d+ epochs reached); the model of epoch (\d+) "
+                     r"\(best_iteration_\), validation loss [\d.]+, is kept$")
 
 
 class _Clock:
@@ -59,7 +65,7 @@ def _parse(out):
     parsed = []
     for ln in out.splitlines():
         for kind, rx in (("stage", STAGE), ("epoch", EPOCH), ("iterations", ITERATIONS),
-                         ("fit", FIT)):
+                         ("fit", FIT), ("stopped", STOPPED)):
             m = rx.match(ln)
             if m:
                 break
@@ -69,6 +75,8 @@ def _parse(out):
             parsed.append((kind, m.group(1)))
         elif kind == "epoch":
             parsed.append((kind, (int(m.group(1) or 1), int(m.group(3)))))
+        elif kind == "stopped":
+            parsed.append((kind, int(m.group(1))))
         elif kind == "iterations":
             parsed.append((kind, (int(m.group(1)), int(m.group(2) or m.group(1)))))
         else:
@@ -86,6 +94,8 @@ def _minibatch_lines(heads, epochs, early_stopping=False):
         prefix = "" if heads == 1 else f"model {h} of {heads}, "
         out += [("stage", prefix + "initial state"), ("stage", prefix + "upload")]
         out += [("epoch", (h, e)) for e in range(1, epochs + 1)]
+        if early_stopping:  # why the epochs ended, and the model kept
+            out.append(("stopped", epochs))
         out.append(("stage", prefix + "model back"))
     return out + [("stage", "attributes")]
 
@@ -220,3 +230,24 @@ def test_a_span_that_compiled_kernels_says_so(capsys, monkeypatch):
     assert re.match(r"^Epoch 1/1 in \d+\.\d{3} s \(kernels 1\.500 s\): loss 0\.5, ", lines[1])
     assert EPOCH.match(lines[1])
 
+
+
+@pytest.mark.parametrize("max_iter,n_iter_no_change,why", [
+    (50, 2, "no improvement of the validation loss by tol=0.0001 for 2 epochs"),
+    (3, 5, "max_iter=3 epochs reached"),
+])
+def test_early_stopping_says_why_it_stopped_and_what_it_kept(binary, capsys, max_iter,
+                                                             n_iter_no_change, why):
+    X, y = binary
+    est = GPUFactorizationMachine(n_factors=2, early_stopping=True, verbose=1,
+                                  max_iter=max_iter, n_iter_no_change=n_iter_no_change,
+                                  random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+    stopped = [ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith("Stopped")]
+    assert stopped == [
+        f"Stopped after epoch {est.n_iter_}: {why}; the model of epoch "
+        f"{est.best_iteration_} (best_iteration_), validation loss "
+        f"{-est.validation_score_[est.best_iteration_ - 1]:.6f}, is kept"]

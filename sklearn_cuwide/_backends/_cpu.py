@@ -221,7 +221,7 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
             l2 = params.l2_w * ps
             gw = np.add.reduceat(er * x[:, None], heads, axis=0)
             gw += l2 * state.w[F]
-            _update(state.w, state.gw, F, gw.astype(dt), params, params.l1 * ps, l2)
+            _update(state.w, state.gw, F, _cast(gw, dt), params, params.l1 * ps, l2)
         if params.model == "fm":
             l2 = params.l2_v * ps
             e0 = er[:, 0]
@@ -229,11 +229,19 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
                 (e0 * x)[:, None] * s[r] - Vf * (e0 * x * x)[:, None], heads, axis=0
             )
             gV += l2 * state.V[F]
-            _update(state.V, state.gV, F, gV.astype(dt), params, 0.0, l2)
+            _update(state.V, state.gV, F, _cast(gV, dt), params, 0.0, l2)
     if params.fit_intercept:
-        gb = e.sum(0).astype(dt)
+        gb = _cast(e.sum(0), dt)
         _update(state.b, state.gb, slice(None), gb, params, 0.0, 0.0)
     return loss_sum
+
+
+def _cast(g, dt):
+    """``g`` in the model's dtype.  A gradient beyond float32's range becomes
+    inf there without numpy's overflow warning: the fit's finiteness check
+    reports it (the error "The fit diverged"), saying what to do."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return g.astype(dt)
 
 
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *,

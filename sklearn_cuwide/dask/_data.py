@@ -100,6 +100,24 @@ def _aligned(a, name, rows, n):
     return [a[bounds[k]:bounds[k + 1]] for k in range(len(rows))]
 
 
+def _check_sparse_meta(X):
+    """Refuse a dask array whose chunks are dense numpy arrays, on the client
+    before any task runs (else every chunk's task fails on its worker).  Its
+    ``_meta``, the type dask records for the chunks, says so; an array made
+    by ``da.from_delayed`` without ``meta`` records a numpy array too, and is
+    told how to say that its chunks are sparse."""
+    meta = getattr(X, "_meta", None)
+    if type(meta) is np.ndarray:
+        raise TypeError(
+            "X must be a dask array of scipy.sparse CSR chunks; its chunks are "
+            "dense numpy arrays. Convert them with "
+            "X.map_blocks(scipy.sparse.csr_matrix), or use the single-process "
+            "estimator for dense data. (An array of CSR chunks made with "
+            "dask.array.from_delayed needs meta=scipy.sparse.csr_matrix((0, "
+            f"{X.shape[1]})) to say its chunks are sparse.)"
+        )
+
+
 def distribute(client, X, y, sample_weight, *, device, y_numeric):
     """Place ``(X, y, sample_weight)`` on the workers, one partition each.
 
@@ -114,6 +132,7 @@ def distribute(client, X, y, sample_weight, *, device, y_numeric):
     if not all_workers:
         raise ValueError("The Dask cluster has no workers.")
     if _is_dask_array(X):
+        _check_sparse_meta(X)
         rows = _row_chunks(X)
         n = int(sum(rows))
         xs = list(X.to_delayed().ravel())

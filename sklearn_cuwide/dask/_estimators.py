@@ -385,7 +385,10 @@ _DOC = """{summary}
     per worker.  Each worker keeps its partition (and, for the mini-batch
     solvers, its tile layout) in its memory for the whole fit.
     {solvers}
-    ``warm_start`` and ``early_stopping`` are not supported.  A fit sets
+    ``warm_start`` and ``early_stopping`` are not supported:
+    ``early_stopping="auto"`` (the default) is read as off whatever the
+    number of rows (the partitions hold no validation split), and
+    ``early_stopping=True`` or ``warm_start=True`` raises.  A fit sets
     the fitted attributes of :class:`sklearn_cuwide.{name}` (``coef_``,
     ...), which :meth:`to_local`'s estimator holds too.  See :doc:`/dask`.
 
@@ -497,7 +500,7 @@ GPULogisticRegression.__doc__ = _DOC.format(
 
 class _DaskFM(_DaskWide):
     def _fm_epochs(self, client, comm, local, shards, workers, summaries, n_features,
-                   progress, *, loss, heads, intercepts, stats):
+                   progress, *, loss, heads, intercepts, stats, target_scaling=None):
         adagrad = self.solver == "adagrad"
         rows = sum(s["n_rows"] for s in summaries)
         l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
@@ -521,7 +524,9 @@ class _DaskFM(_DaskWide):
                            penalty_scaled=scaled),
             loss=loss, model="fm", n_outputs=1, n_factors=self.n_factors,
             states=states, heads=heads, progress=progress)
-        return local._fitted_attrs(results, partial=False)
+        if target_scaling is None:
+            return local._fitted_attrs(results, partial=False)
+        return local._fitted_attrs(results, partial=False, target_scaling=target_scaling)
 
 
 class GPUFactorizationMachine(_DaskClassifier, _DaskFM):
@@ -569,11 +574,23 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _DaskFM):
     def _fit_partitions(self, client, comm, local, shards, workers, summaries,
                         n_features, progress):
         shards, _, stats = self._targets(client, shards, workers, summaries, local)
+        # the target standardised as the single-process fit does it, from the
+        # partitions' weighted sums of t and t**2
         S = stats["total_weight"]
+        scaling = _fm._target_scaling_from_sums(
+            S, stats["sum_t"], stats["sum_t2"], fit_intercept=self.fit_intercept)
+        shards = [client.submit(_shard.with_standardised_targets, s, *scaling,
+                                workers=[w], allow_other_workers=False, pure=False)
+                  for s, w in zip(shards, workers)]
+        # the statistics of the standardised target, which the fit sees
+        off, sc = scaling
+        stats = {**stats, "sum_t": (stats["sum_t"] - off * S) / sc,
+                 "sum_t2": (stats["sum_t2"] - 2 * off * stats["sum_t"] + off * off * S)
+                 / (sc * sc)}
         mean = local._intercept_init(np.array([stats["sum_t"] / S]), np.ones(1))
         return self._fm_epochs(client, comm, local, shards, workers, summaries,
                                n_features, progress, loss="squared", heads=[None],
-                               intercepts=[mean], stats=stats)
+                               intercepts=[mean], stats=stats, target_scaling=scaling)
 
     def predict(self, X):
         """Predicted targets (partition-wise on a dask array).

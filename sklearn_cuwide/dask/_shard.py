@@ -115,6 +115,13 @@ def with_targets(shard, classes, class_weight_of_class, regressor):
     return Shard(X=shard.X, y=shard.y, sw=sw, device=shard.device, t=t), stats
 
 
+def with_standardised_targets(shard, offset, scale):
+    """A new shard whose regression targets are ``(t - offset) / scale``
+    (the single-process regressor's standardisation, ``_fm._target_scaling``)."""
+    t = (np.asarray(shard.t, dtype=np.float64) - offset) / scale
+    return Shard(X=shard.X, y=shard.y, sw=shard.sw, device=shard.device, t=t)
+
+
 def sample_rows(shard, n, seed):
     """``n`` of the partition's rows drawn without replacement (all of them
     when ``n`` is at least its size), in order: ``(X, sw)``."""
