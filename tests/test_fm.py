@@ -188,10 +188,11 @@ def test_fm_regressor_learns_planted_fm():
 
 def test_fm_regressor_movielens_rmse(movielens_100k):
     Xa, ya, Xb, yb = movielens_100k
-    fm = GPUFactorizationMachineRegressor(beta=3e-4, random_state=0, device="cpu")
+    # the defaults (0.933 measured; a biases-only linear model, Ridge, 0.954)
+    fm = GPUFactorizationMachineRegressor(random_state=0, device="cpu")
     fm.fit(Xa, ya)
     rmse = np.sqrt(np.mean((fm.predict(Xb) - yb) ** 2))
-    assert rmse <= 0.95, rmse
+    assert rmse <= 0.94, rmse
     # far better than the global mean
     assert rmse < 0.85 * np.sqrt(np.mean((yb - ya.mean()) ** 2))
 
