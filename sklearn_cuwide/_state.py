@@ -109,10 +109,19 @@ def counter_bits(xp, seed, counter):
     Why: numpy and cupy then give the same bits, by construction.
     """
     u = xp.uint64
-    z = (counter.astype(u) + u(1)) * u(_GAMMA) + u(_splitmix64_int(int(seed) & _MASK64))
-    z = (z ^ (z >> u(30))) * u(_MUL1)
-    z = (z ^ (z >> u(27))) * u(_MUL2)
-    return z ^ (z >> u(31))
+    z = counter.astype(u)  # a new array: the steps below work in place
+    z += u(1)
+    z *= u(_GAMMA)
+    z += u(_splitmix64_int(int(seed) & _MASK64))
+    t = z >> u(30)
+    z ^= t
+    z *= u(_MUL1)
+    xp.right_shift(z, u(27), out=t)
+    z ^= t
+    z *= u(_MUL2)
+    xp.right_shift(z, u(31), out=t)
+    z ^= t
+    return z
 
 
 def _quantile_table():
@@ -150,10 +159,18 @@ def counter_normal(xp, seed, counter, table=None):
     bits = counter_bits(xp, seed, counter)
     u = xp.uint64
     cell = (bits >> u(64 - _CELL_BITS)).astype(xp.int64)
-    frac = ((bits >> u(64 - _CELL_BITS - _FRAC_BITS)) & u((1 << _FRAC_BITS) - 1))
-    frac = frac.astype(xp.float64) * (2.0**-_FRAC_BITS)
+    bits >>= u(64 - _CELL_BITS - _FRAC_BITS)
+    bits &= u((1 << _FRAC_BITS) - 1)
+    frac = bits.astype(xp.float64)
+    del bits
+    frac *= 2.0**-_FRAC_BITS
     lo = table[cell]
-    return lo + frac * (table[cell + 1] - lo)
+    cell += 1
+    hi = table[cell]
+    hi -= lo
+    hi *= frac
+    hi += lo
+    return hi
 
 
 def draw_factors(xp, seed, scale, features, n_factors, dtype=np.float32,
