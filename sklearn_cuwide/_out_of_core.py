@@ -179,9 +179,14 @@ def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_
     """Cut ``batch_order`` into :class:`Window` s whose cold features
     (``sets``: :class:`ColdSets`) fit ``n_slots``, greedily: a window grows
     until the next mini-batch would overflow the slots, or (``batch_nnz``:
-    the nonzeros of each mini-batch) take it past ``max_nnz`` nonzeros."""
-    windows, cur, cold = [], [], np.empty(0, dtype=np.int64)
-    nnz = 0
+    the nonzeros of each mini-batch) take it past ``max_nnz`` nonzeros.
+
+    A mark per feature (the window that last took it) counts a mini-batch's
+    new features in time proportional to its own: no union of the growing
+    window's set per mini-batch, whose cost would grow with the window."""
+    mark = np.full(int(sets.ids.max(initial=-1)) + 1, -1, dtype=np.int64)
+    windows, cur, parts = [], [], []
+    size = nnz = 0
     for bt in np.asarray(batch_order, dtype=np.int64):
         mine_nnz = 0 if batch_nnz is None else int(batch_nnz[bt])
         mine = sets.of(bt)
@@ -190,15 +195,18 @@ def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_
                 f"mini-batch {int(bt)} touches {mine.size:,} cold features, more "
                 f"than the {n_slots:,} scratch slots"
             )
-        union = np.union1d(cold, mine)
-        if cur and (union.size > n_slots or nnz + mine_nnz > max_nnz):
-            windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
-            cur, union, nnz = [], mine, 0
+        new = mine[mark[mine] != len(windows)]
+        if cur and (size + new.size > n_slots or nnz + mine_nnz > max_nnz):
+            windows.append(Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts))))
+            cur, parts, size, nnz = [], [], 0, 0
+            new = mine
+        mark[new] = len(windows)
+        parts.append(new)
+        size += new.size
         cur.append(int(bt))
-        cold = union
         nnz += mine_nnz
     if cur:
-        windows.append(Window(np.asarray(cur, dtype=np.int64), cold))
+        windows.append(Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts))))
     return windows
 
 
