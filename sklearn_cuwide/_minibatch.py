@@ -181,7 +181,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     if blown_up:
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
-        _warn_max_iter(results, schedule)
+        _warn_max_iter(results, schedule.tol, schedule.max_iter)
     return results
 
 
@@ -314,16 +314,16 @@ def _can_stratify(early_stopping, stratify):
     )
 
 
-def _warn_max_iter(results, schedule):
+def _warn_max_iter(results, tol, max_iter):
     """A ConvergenceWarning, as scikit-learn's SGDClassifier warns, when a
     stopping rule was active (``tol`` not None) and a head ran all
     ``max_iter`` epochs without it being met."""
-    if schedule.tol is None:
+    if tol is None:
         return
-    if any(r.n_iter >= schedule.max_iter for r in results):
+    if any(r.n_iter >= max_iter for r in results):
         warnings.warn(
             f"Maximum number of iteration reached before convergence "
-            f"(max_iter={schedule.max_iter}). Consider increasing max_iter to "
+            f"(max_iter={max_iter}). Consider increasing max_iter to "
             f"improve the fit, or set tol=None to run max_iter epochs without "
             f"this warning.",
             ConvergenceWarning,

@@ -535,3 +535,15 @@ def test_regressor_does_not_depend_on_the_units_of_y(client, request):
         fits.append(_dask_of(local, client).fit(dX, dy).to_local().predict(X))
     p, q = fits
     np.testing.assert_allclose(q, p * 1000 + 5, rtol=0, atol=1e-4 * 1000 * np.abs(p).max())
+
+
+def test_max_iter_reached_warns_as_the_single_process_fit(client, binary):
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = binary
+    dX, dy, _ = _dask(X, y)
+    kw = dict(solver="adagrad", max_iter=2, tol=1e-12, random_state=0, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="Maximum number of iteration"):
+        local_api.GPULogisticRegression(**kw).fit(X, y)
+    with pytest.warns(ConvergenceWarning, match="Maximum number of iteration"):
+        dask_api.GPULogisticRegression(client=client, **kw).fit(dX, dy)

@@ -27,6 +27,7 @@ from .._minibatch import (
     COMPUTE_DTYPE,
     _seeds,
     _warn_blown_up,
+    _warn_max_iter,
     auto_learning_rate,
     constant_loss,
     fm_penalties,
@@ -242,6 +243,8 @@ class _DaskWide(BaseEstimator):
                 blown_up.append((prefix, r.loss_curve[-1], base))
         if blown_up:
             _warn_blown_up(blown_up, params)
+        else:  # as the single-process fit
+            _warn_max_iter(results, self.tol, self.max_iter)
         return results
 
     @staticmethod
