@@ -220,7 +220,13 @@ def _ranges(xp, starts, stops):
     return starts[seg] + (xp.arange(total, dtype=xp.int64) - offs[seg])
 
 
-def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None):
+def ranked_counts(layout):
+    """The layout's feature counts in layout order (what a window's are
+    taken from: computed once per fit, not per window)."""
+    return np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
+
+
+def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, ranked=None):
     """The layout of ``window``'s mini-batches alone, cold ids renumbered to
     slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
     ``window.cold[s] == f``.
@@ -230,7 +236,8 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None):
     or None when the penalties are not scaled), and ``feature_counts`` the
     whole layout's counts scaled to the window's rows (what a backend's
     concurrency damping reads as each feature's frequency); its features are
-    in layout order (``feature_order`` the identity).
+    in layout order (``feature_order`` the identity).  ``ranked``:
+    :func:`ranked_counts` of ``layout``, when the caller has it.
 
     Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
     mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
@@ -259,7 +266,8 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None):
 
     ids = slot_features(window, n_resident, n_slots)
     used = ids >= 0
-    ranked = np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
+    if ranked is None:
+        ranked = ranked_counts(layout)
     counts = np.where(used, ranked[np.maximum(ids, 0)], 0) * (
         rows.shape[0] / max(layout.n_rows, 1))
     factors = None
@@ -339,33 +347,36 @@ class HostRows:
         intercepts copied back from the device."""
         r, to_host = self.plan.n_resident, self.backend.to_host
         for k, a in self.state.arrays().items():
-            d = to_host(getattr(self.device, k))
-            if k in ROW_ARRAYS:
-                a[:r] = d[:r]
+            if k in ROW_ARRAYS:  # the resident rows: the slots are written back already
+                a[:r] = to_host(getattr(self.device, k)[:r])
             else:
-                a[...] = d
+                a[...] = to_host(getattr(self.device, k))
         return self.state
 
 
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
-                          batch_order, *, penalty_scale=None, workers=None, xp=np):
+                          batch_order, *, penalty_scale=None, workers=None, xp=np,
+                          ranked=None):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
     backend's ``run_epoch`` takes them for ``layout`` (numpy).
     ``penalty_scale``: the full layout's per-feature penalty factor (layout
     order) when ``params`` scales the penalties: a window layout would count
-    its own mini-batches only.  ``xp``: the module of the layout's nonzeros.
+    its own mini-batches only.  ``xp``: the module of the layout's nonzeros;
+    ``ranked``: :func:`ranked_counts` of ``layout`` (computed here if None).
     Returns the epoch's weighted loss sum.
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    if ranked is None:
+        ranked = ranked_counts(layout)
     total = 0.0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
-                                   penalty=penalty_scale)
+                                   penalty=penalty_scale, ranked=ranked)
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),
@@ -454,6 +465,7 @@ class OutOfCoreModel:
         sets = cold_sets(layout, self.plan.n_resident, xp)
         self.rows = HostRows(host, self.plan, sets, backend)
         self._xp = xp
+        self._ranked = ranked_counts(layout)
         self.penalty = None
         if params.penalty_scaled:
             self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
@@ -462,16 +474,18 @@ class OutOfCoreModel:
         """One epoch in ``order``; its weighted loss sum."""
         return run_epoch_out_of_core(
             self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
-            order, penalty_scale=self.penalty, workers=workers, xp=self._xp)
+            order, penalty_scale=self.penalty, workers=workers, xp=self._xp,
+            ranked=self._ranked)
 
     def state(self):
         """The whole state now (layout order, numpy)."""
         return self.rows.result()
 
-    def decision_function(self, X):
+    def decision_function(self, X, state=None):
         """Decision values of ``X`` (scipy CSR in *layout* feature order)
-        with the model's current state, a device's worth of rows at a time."""
-        st = self.state()
+        with ``state`` (default: :meth:`state`, the model now), a device's
+        worth of rows at a time."""
+        st = self.state() if state is None else state
         return decision_function_out_of_core(
             self.backend, X, st.w, st.b, st.V, self.plan.device_rows,
             fit_linear=self.params.fit_linear)

@@ -343,8 +343,10 @@ def fit_minibatch(
         monitored = ep_loss
         msg = f"loss {ep_loss:.6f}"
         if val is not None:
-            if ooc is not None:
-                vl = _host_validation_loss(ooc.decision_function(val[0]), *val[1:], params)
+            if ooc is not None:  # the host state, synced once for the score and a copy
+                now = ooc.state()
+                vl = _host_validation_loss(ooc.decision_function(val[0], now), *val[1:],
+                                           params)
             else:
                 vl = _validation_loss(backend, *val, dstate, params)
             if not vl <= loss_limit:
@@ -358,8 +360,7 @@ def fit_minibatch(
                 if n_iter == int(max_iter):
                     best_state = None
                 elif ooc is not None:  # a host copy of the whole state
-                    best_state = ModelState(**{k: a.copy()
-                                               for k, a in ooc.state().arrays().items()})
+                    best_state = ModelState(**{k: a.copy() for k, a in now.arrays().items()})
                 else:
                     best_state = _copy_state(backend.xp, dstate)
             msg += f", validation loss {vl:.6f}"

@@ -15,8 +15,10 @@ from sklearn_cuwide import (
     GPULogisticRegression,
     config_context,
 )
-from sklearn_cuwide import _memory
 from sklearn_cuwide._device import cuda_device_count
+
+from .test_gpu_memory import _device_peak as _peak
+from .test_gpu_memory import _spy_plans as _spy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,24 +36,6 @@ def _wide(n=20000, d=2**16, per_row=12, seed=0):
     w = rng.normal(size=d)
     y = (np.asarray(X @ w) + rng.normal(size=n) > 0).astype(np.int64)
     return X, y
-
-
-def _spy(monkeypatch):
-    seen = []
-    real = _memory.plan_fit
-
-    def spy(*a, **k):
-        plan = real(*a, **k)
-        seen.append((a[0], plan))
-        return plan
-
-    monkeypatch.setattr(_memory, "plan_fit", spy)
-    return seen
-
-
-def _peak(shape, layout):
-    return _memory.MemoryPlan("fit", "cuda", layout, _memory.fit_needs(shape, "cuda", layout),
-                              {}, {}, True).peak("device")
 
 
 ESTIMATORS = [

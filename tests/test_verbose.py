@@ -24,6 +24,7 @@ from sklearn_cuwide import (
 from sklearn_cuwide._state import FitProgress
 
 from .conftest import make_sparse_problem
+from .test_fit_integrity import _Clock
 
 STAGE = re.compile(r"^Stage: (.+) in (\d+\.\d{3}) s(?: \(kernels \d+\.\d{3} s\))?$")
 EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d{3} s"
@@ -36,17 +37,6 @@ STOPPED = re.compile(r"^(?:Model \d+ of \d+, s|S)topped after epoch (\d+): (?:no
                      r"improvement of the validation loss by tol=\S+ for \d+ epochs|"
                      r"max_iter=\d+ epochs reached); the model of epoch (\d+) "
                      r"\(best_iteration_\), validation loss [\d.]+, is kept$")
-
-
-class _Clock:
-    """A fake perf_counter: each reading is one second after the last."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 1.0
-        return self.t
 
 
 @pytest.fixture(scope="module")

@@ -285,6 +285,19 @@ or GPUFactorizationMachineRegressor
         state["client"] = None
         return state
 
+    def predict(self, X):
+        """Predicted class labels or targets (partition-wise on a dask array).
+
+        Parameters
+        ----------
+        X : dask array of sparse chunks, or a matrix the single-process estimator takes
+
+        Returns
+        -------
+        dask array or ndarray of shape (n_samples,)
+        """
+        return self._map(X, "predict", None)
+
     def _map(self, X, method, n_columns):
         """``method`` of the fitted model on ``X``: partition-wise on a dask
         array (a lazy dask array of ``n_columns`` columns, or 1-D for None),
@@ -338,19 +351,6 @@ def _class_weight_vector(class_weight, classes, stats):
 
 
 class _DaskClassifier(ClassifierMixin, _DaskWide):
-    def predict(self, X):
-        """Predicted class labels (partition-wise on a dask array).
-
-        Parameters
-        ----------
-        X : dask array of sparse chunks, or a matrix the single-process estimator takes
-
-        Returns
-        -------
-        dask array or ndarray of shape (n_samples,)
-        """
-        return self._map(X, "predict", None)
-
     def predict_proba(self, X):
         """Class probabilities (partition-wise on a dask array).
 
@@ -594,19 +594,6 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _DaskFM):
         return self._fm_epochs(client, comm, local, shards, workers, summaries,
                                n_features, progress, loss="squared", heads=[None],
                                intercepts=[mean], stats=stats, target_scaling=scaling)
-
-    def predict(self, X):
-        """Predicted targets (partition-wise on a dask array).
-
-        Parameters
-        ----------
-        X : dask array of sparse chunks, or a matrix the single-process estimator takes
-
-        Returns
-        -------
-        dask array or ndarray of shape (n_samples,)
-        """
-        return self._map(X, "predict", None)
 
 
 GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
