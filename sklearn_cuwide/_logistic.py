@@ -488,7 +488,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
                                else auto_learning_rate(self.solver, X_train, sw_train,
                                                        loss=loss, backend=backend,
-                                                       fit_intercept=self.fit_intercept)),
+                                                       fit_intercept=self.fit_intercept,
+                                                       batch_size=self.batch_size)),
                 l2_w=l2_w, l1=l1, fit_intercept=self.fit_intercept,
                 # C defines scikit-learn's full objective: every feature is
                 # penalised per epoch as its stochastic gradient would be

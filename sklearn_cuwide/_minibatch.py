@@ -380,15 +380,16 @@ ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
 
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
-                       n_samples=None):
+                       n_samples=None, batch_size=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
-    with ``L`` the Lipschitz constant of the mean loss's gradient (of the
-    linear part for an FM).  For ``model="fm"`` Adagrad's constant depends
-    on ``n_samples``, the rows of the call (before any validation split;
+    with ``L`` a bound on the Lipschitz constant of a mini-batch's mean
+    loss gradient (of the linear part for an FM; ``batch_size`` rows, None:
+    the full batch).  For ``model="fm"`` Adagrad's constant depends on
+    ``n_samples``, the rows of the call (before any validation split;
     default ``X``'s)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
-                                  backend=backend)
+                                  backend=backend, batch_size=batch_size)
     n = X.shape[0] if n_samples is None else n_samples
     if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
         return ADAGRAD_AUTO_LEARNING_RATE_FM
@@ -430,13 +431,22 @@ def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz):
     return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 
-def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,
+def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, n_iter=30,
                        max_rows=100_000, seed=0):
     """``1 / L`` from ``lambda_max`` of the weighted second-moment matrix of
     ``X`` (with a column of ones for the intercept): a few power iterations
     on at most ``max_rows`` rows.  On one-hot click data it is small (the
     features hardly overlap) and the step large; on dense correlated data it
     is large and the step small, so plain sgd is stable on both.
+
+    A mini-batch of ``batch_size`` rows weighs each of its rows by about
+    ``w / (batch_size * mean(w))``, not ``w / S``: one row much longer than
+    the rest (a few in a small data set) then dominates its batch's
+    curvature although it hardly moves the full batch's.  ``L`` is at least
+    the largest such row share of ``|x|^2`` (at most ``|x|^2`` itself, a
+    row's weight being at most its batch's), so that no row alone makes a
+    step diverge; at the usual batch sizes the full batch's ``lambda_max``
+    is the larger.
 
     A matrix held by the backend is used there, in float64: only the norm of
     each iterate reaches the host.
@@ -469,5 +479,11 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, n_iter=30,
         if not lam > 0:
             break
         v = g / lam
+    if batch_size is not None and X.shape[0]:
+        # each row's squared norm (the intercept's 1 included) by prefix sums
+        sums = xp.concatenate([xp.zeros(1), xp.cumsum(X.data.astype(np.float64) ** 2)])
+        norms = sums[X.indptr[1:]] - sums[X.indptr[:-1]] + float(bool(fit_intercept))
+        share = xp.minimum(1.0, ws * X.shape[0] / min(int(batch_size), X.shape[0]))
+        lam = max(lam, float((norms * share).max()))
     lam = max(lam, 1e-12)
     return 1.0 / (_CURVATURE[loss] * lam)

@@ -216,9 +216,11 @@ def test_warm_start_continues_and_restores_within_the_call(ctr):
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("est, data", OVERFITTING[::2], ids=["fm", "lr"])
 def test_the_best_epoch_is_restored_on_gpu(est, data, request):
-    # in order (concurrency=1) the GPU run is deterministic: the restored
-    # model (the packed Adagrad sums of the linear weights included) equals
-    # a run of exactly the best epoch's count
+    # in order (concurrency=1) a GPU run repeats up to rounding (the order of
+    # float32 additions in a block is not fixed): the restored model (the
+    # packed Adagrad sums of the linear weights included) equals a run of
+    # exactly the best epoch's count to that rounding, far closer than one
+    # epoch of these large steps moves it (the CPU twin checks bit equality)
     X, y = request.getfixturevalue(data)
     kw = dict(early_stopping=True, n_iter_no_change=4, max_iter=30, random_state=0,
               device="cuda", concurrency=1)
@@ -226,7 +228,11 @@ def test_the_best_epoch_is_restored_on_gpu(est, data, request):
     assert a.best_iteration_ < len(a.validation_score_)
     b = clone(est).set_params(**{**kw, "max_iter": a.best_iteration_}).fit(X, y)
     for pa, pb in zip(_params(a), _params(b)):
-        np.testing.assert_allclose(pa, pb, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(pa, pb, rtol=1e-4, atol=1e-6)
+    assert a.best_iteration_ >= 2
+    c = clone(est).set_params(**{**kw, "max_iter": a.best_iteration_ - 1}).fit(X, y)
+    assert not all(np.allclose(pa, pc, rtol=1e-4, atol=1e-6)
+                   for pa, pc in zip(_params(a), _params(c)))
     # warm start from the restored model continues from its Adagrad sums
     a.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
     b.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)

@@ -46,7 +46,8 @@ def test_estimator_hands_blocks_to_the_kernel(monkeypatch, est, concurrency, exp
 
     monkeypatch.setattr(_cuda, "run_epoch", spy)
     X, y, _, _ = _ctr(20000, 2**12, n_fields=6, n_numeric=2)
-    clone(est).set_params(device="cuda", batch_size=64, max_iter=2,
+    # no validation split: all 20,000 rows train
+    clone(est).set_params(device="cuda", batch_size=64, max_iter=2, early_stopping=False,
                           concurrency=concurrency).fit(X, y)
     n_batches = -(-20000 // 64)
     want = _runtime.default_grid(n_batches) if expected == "grid" else expected
@@ -90,28 +91,53 @@ def test_one_block_is_the_cpu_order(est):
     assert abs(roc_auc_score(yte, d_cpu) - roc_auc_score(yte, d_gpu)) < 1e-3
 
 
+class _Launches:
+    """A compiled kernel that records each launch's ``(cluster, workers)``."""
+
+    def __init__(self, kernel, cluster, log):
+        object.__setattr__(self, "_kernel", kernel)
+        object.__setattr__(self, "_cluster", cluster)
+        object.__setattr__(self, "_log", log)
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._kernel, name, value)
+
+    def __call__(self, grid, block, args, **kw):
+        self._log.append((self._cluster, grid[0] // self._cluster))
+        return self._kernel(grid, block, args, **kw)
+
+
 @pytest.mark.parametrize("concurrency", ["auto", 1, "max"])
 def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
-    """Each worker gets the largest cluster with which all still fit on the
-    device (``_concurrency.cluster_for``), in the warm-up stages too; the
-    estimators' kernel is never an ablation variant."""
+    """Each launch's workers are thread block clusters of the largest size
+    with which all still fit on the device (``_concurrency.cluster_for``),
+    in the warm-up stages too; every kernel an epoch launches is built
+    before it (none on the way); the estimators' kernel is never an
+    ablation variant."""
     from sklearn_cuwide._backends._cuda import _runtime, _train
 
-    seen = []
-    real = _train.train_kernel
+    launches, built_late = [], []
+    real = _train.epoch_kernels
 
-    def spy(params, n_outputs, n_factors, cluster=1, variant=None):
-        assert variant is None
-        seen.append(cluster)
-        return real(params, n_outputs, n_factors, cluster, variant)
+    def spy(*a, cluster=None, variant=None, **kw):
+        assert cluster is None and variant is None
+        kernels = real(*a, cluster=cluster, variant=variant, **kw)
+        return {cl: _Launches(k, cl, launches) for cl, k in kernels.items()}
 
-    monkeypatch.setattr(_train, "train_kernel", spy)
+    monkeypatch.setattr(_train, "epoch_kernels", spy)
+    monkeypatch.setattr(_train, "train_kernel", lambda *a, **k: built_late.append(a))
     X, y, Xte, yte = _ctr(20000, 2**12, n_fields=6, n_numeric=2)
     est = GPUFactorizationMachine(n_factors=4, device="cuda", batch_size=64, max_iter=2,
-                                  concurrency=concurrency, random_state=0).fit(X, y)
+                                  early_stopping=False, concurrency=concurrency,
+                                  random_state=0).fit(X, y)
     workers = {"auto": 4, 1: 1, "max": _runtime.default_grid(-(-20000 // 64))}[concurrency]
-    assert seen and seen[-1] == _runtime.cluster_for(workers)
-    assert all(workers * c <= _runtime.full_grid() for c in seen)
+    assert launches and not built_late
+    assert launches[-1] == (_runtime.cluster_for(workers), workers)
+    for cl, g in launches:
+        assert cl == _runtime.cluster_for(g) and g * cl <= _runtime.full_grid()
     cpu = GPUFactorizationMachine(n_factors=4, device="cpu", batch_size=64, max_iter=2,
                                   random_state=0).fit(X, y)
     assert roc_auc_score(yte, est.decision_function(Xte)) > \

@@ -146,6 +146,9 @@ def test_gpu_out_of_memory_in_a_fit_is_ours_and_freed(pool_limit, plenty):
     fm = _fm().fit(X, y)
     before = _arrays(fm)
     cp.cuda.Device().synchronize()
+    # the limit counts the pool's cached blocks too, and a fit reuses those
+    # without asking for more: drop them, so the limit is what stays free
+    pool_limit.free_all_blocks()
     used = pool_limit.used_bytes()
     pool_limit.set_limit(size=used + (256 << 10))
     with pytest.raises(InsufficientMemoryError, match="ran out of memory during the fit") as e:
@@ -168,6 +171,9 @@ def test_gpu_out_of_memory_in_lbfgs_and_predict(pool_limit, plenty):
     lr = GPULogisticRegression(device="cuda:0", solver="lbfgs").fit(X, y)
     expected = lr.decision_function(X)
     cp.cuda.Device().synchronize()
+    # the limit counts the pool's cached blocks too, and a fit reuses those
+    # without asking for more: drop them, so the limit is what stays free
+    pool_limit.free_all_blocks()
     used = pool_limit.used_bytes()
     pool_limit.set_limit(size=used + (64 << 10))
     with pytest.raises(InsufficientMemoryError, match="during the fit"):

@@ -260,3 +260,39 @@ def test_dask_extra_leaves_dask_cuda_to_its_own_extra():
     # not on a package index
     text = (root / "docs" / "dask.rst").read_text()
     assert "sklearn-cuwide[" not in text and 'pip install ".[dask]"' in text
+
+
+def _sgd_step_reference(X, sw, batch_size, curvature):
+    """``1 / (curvature * L)`` in float64 numpy: ``L`` the larger of the
+    weighted second-moment matrix's largest eigenvalue (intercept column
+    included) and the largest row's share of its mini-batch's curvature."""
+    Xt = np.hstack([np.asarray(X.todense(), dtype=np.float64), np.ones((X.shape[0], 1))])
+    ws = sw / sw.sum()
+    full = np.linalg.eigvalsh(Xt.T @ (ws[:, None] * Xt)).max()
+    share = np.minimum(1.0, ws * X.shape[0] / min(batch_size, X.shape[0]))
+    rows = ((Xt ** 2).sum(axis=1) * share).max()
+    return 1.0 / (curvature * max(full, rows))
+
+
+@pytest.mark.parametrize("batch_size", [7, 1024])
+def test_sgd_automatic_step_bounds_a_long_rows_share_of_its_batch(batch_size):
+    """A small data set whose one long row dominates its mini-batch (the full
+    batch's curvature hardly sees it): sgd's ``learning_rate="auto"`` is the
+    reference's, and the regressor's loss falls every epoch instead of
+    blowing up."""
+    import scipy.sparse as sp
+
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._minibatch import auto_learning_rate
+
+    X = sp.csr_matrix(([0.75, 4.0, 6.0], ([1, 1, 1], [0, 1, 2])), shape=(31, 3),
+                      dtype=np.float32)
+    y = np.full(31, -2.0)
+    y[1] = -0.5
+    sw = np.ones(31)
+    got = auto_learning_rate("sgd", X, sw, loss="squared", fit_intercept=True,
+                             backend=get_backend("cpu"), batch_size=batch_size)
+    assert_allclose(got, _sgd_step_reference(X, sw, batch_size, 1.0), rtol=1e-6)
+    fm = _fmr(solver="sgd", n_factors=2, batch_size=batch_size, max_iter=6, tol=None)
+    fm.fit(X, y)
+    assert np.all(np.diff(fm.loss_curve_) < 0)

@@ -215,7 +215,8 @@ class _DaskWide(BaseEstimator):
         from .._backends import get_backend
 
         return auto_learning_rate("sgd", Xs, sws, loss=loss, backend=get_backend("cpu"),
-                                  fit_intercept=self.fit_intercept)
+                                  fit_intercept=self.fit_intercept,
+                                  batch_size=self.batch_size)
 
     def _epochs(self, client, comm, shards, workers, summaries, stats, *, params_kw,
                 loss, model, n_outputs, n_factors, states, heads, progress):
