@@ -7,6 +7,7 @@ targets and hand arrays to the mini-batch driver
 (:func:`sklearn_cuwide._solvers.fit_lbfgs_linear`).
 """
 
+import functools
 import inspect
 import threading
 from contextlib import ExitStack, contextmanager
@@ -381,6 +382,25 @@ def _heads_to_device(backend, heads):
 # --------------------------------------------------------------------------
 # what the estimators share around a fit
 # --------------------------------------------------------------------------
+def releases_memory(method):
+    """Decorate an estimator method that runs in a device scope (a fit, a
+    prediction): when it runs out of memory, the pools are released once
+    more after its frame has ended.  The scope releases them while the
+    method's frame still runs and holds its arrays (the uploaded input,
+    say), which would otherwise stay cached in the pool after the error."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except _memory.InsufficientMemoryError as exc:
+            release = getattr(exc, "_release", None)
+            if release is not None:
+                _memory.release_frames(exc)
+                release()
+            raise
+    return call
+
+
 @contextmanager
 def restore_on_failure(est):
     """Leave ``est`` exactly as it was if the body raises, a
@@ -555,6 +575,7 @@ class _CuWideEstimator(BaseEstimator):
             device = "cpu"
         return _predict_backend(device)
 
+    @releases_memory
     def _decision(self, X):
         """Decision values (n_samples, n_outputs) of the user's ``X``: checks
         that the model is fitted, validates ``X`` where the prediction runs

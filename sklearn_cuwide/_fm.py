@@ -18,6 +18,7 @@ from ._base import (
     check_weight_range,
     commit,
     refuse_balanced_partial_fit,
+    releases_memory,
     restore_on_failure,
 )
 from ._minibatch import (
@@ -418,6 +419,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         return [(y_idx == k) for k in range(K)]
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def fit(self, X, y, sample_weight=None):
         """Fit the factorization machine.
 
@@ -462,6 +464,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch over ``X``, continuing from the current model.
 
@@ -638,6 +641,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         return float(np.dot(sw, t) / sw.sum())
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def fit(self, X, y, sample_weight=None):
         """Fit the factorization machine.
 
@@ -675,6 +679,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over ``X``, continuing from the current model.
 

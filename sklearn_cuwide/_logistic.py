@@ -20,6 +20,7 @@ from ._base import (
     _WideClassifierMixin,
     commit,
     refuse_balanced_partial_fit,
+    releases_memory,
     restore_on_failure,
 )
 from ._minibatch import (
@@ -319,6 +320,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     # fit
     # ------------------------------------------------------------------
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def fit(self, X, y, sample_weight=None):
         """Fit the model on training data.
 
@@ -385,6 +387,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
     @_available_if_explained(_is_minibatch, _partial_fit_needs_minibatch)
     @_fit_context(prefer_skip_nested_validation=True)
+    @releases_memory
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch of the mini-batch solver over ``X`` (``"sgd"``, ``"adagrad"``).
 

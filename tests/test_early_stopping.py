@@ -212,6 +212,13 @@ def test_warm_start_continues_and_restores_within_the_call(ctr):
     assert not np.array_equal(a.factors_, cold.factors_)
 
 
+def _close_to_rounding(a, b):
+    """Two in-order GPU runs agree to float32 rounding, grown over a few
+    epochs of large steps: relative to each value and to the array's scale
+    (a small factor's last bits move with its row's large ones)."""
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("est, data", OVERFITTING[::2], ids=["fm", "lr"])
@@ -228,16 +235,17 @@ def test_the_best_epoch_is_restored_on_gpu(est, data, request):
     assert a.best_iteration_ < len(a.validation_score_)
     b = clone(est).set_params(**{**kw, "max_iter": a.best_iteration_}).fit(X, y)
     for pa, pb in zip(_params(a), _params(b)):
-        np.testing.assert_allclose(pa, pb, rtol=1e-4, atol=1e-6)
+        _close_to_rounding(pa, pb)
     restored = [p.copy() for p in _params(a)]
     # warm start from the restored model continues from its Adagrad sums
     a.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
     b.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
     for pa, pb in zip(_params(a), _params(b)):
-        np.testing.assert_allclose(pa, pb, rtol=1e-4, atol=1e-5)
-    # and that one epoch moves the model far more than the tolerance above
-    assert not all(np.allclose(p, q, rtol=1e-4, atol=1e-6)
-                   for p, q in zip(restored, _params(a)))
+        _close_to_rounding(pa, pb)
+    # and one epoch moves the model far beyond that tolerance
+    with pytest.raises(AssertionError):
+        for p, q in zip(restored, _params(a)):
+            _close_to_rounding(p, q)
 
 
 def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():

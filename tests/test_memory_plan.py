@@ -414,3 +414,38 @@ def test_interrupted_stream_drains_its_copies(resident, how):
     assert not copy.queue and not copy.in_flight
     assert len(_SlowHost.filled) == 2 * 3  # chunk 1's fill finished before the return
     uploader.close()
+
+
+def test_a_method_out_of_memory_releases_again_once_its_frame_has_ended():
+    """The device scope releases the pools while the estimator method's frame
+    still holds its arrays; ``releases_memory`` releases again when that
+    frame has ended: by then its arrays are gone."""
+    import weakref
+
+    from sklearn_cuwide._base import releases_memory
+
+    class Array:  # stands for a device array the method holds
+        pass
+
+    seen = []
+
+    class Est:
+        @releases_memory
+        def fit(self, X):
+            held = Array()
+            self.ref = weakref.ref(held)
+            err = _memory.InsufficientMemoryError("the GPU ran out of memory")
+            err._release = lambda: seen.append(self.ref() is None)
+            raise err
+
+        @releases_memory
+        def predict(self, X):
+            raise _memory.InsufficientMemoryError("planned: does not fit")
+
+    est = Est()
+    with pytest.raises(_memory.InsufficientMemoryError, match="ran out"):
+        est.fit(None)
+    assert seen == [True]  # released once, after the array was freed
+    with pytest.raises(_memory.InsufficientMemoryError, match="planned"):
+        est.predict(None)  # a refusal before allocating: nothing to release
+    assert seen == [True]

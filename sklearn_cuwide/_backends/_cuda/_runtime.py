@@ -82,7 +82,11 @@ def device_scope(device):
                 raise
             _memory.release_frames(exc)
             release_pools()
-            raise _memory.out_of_memory_error(exc, where) from exc
+            err = _memory.out_of_memory_error(exc, where)
+            # the frames still running here (the estimator method's) drop
+            # their arrays only as they end: that method releases again then
+            err._release = release_pools
+            raise err from exc
 
 
 _PROPS = {}
