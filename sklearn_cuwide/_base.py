@@ -8,6 +8,7 @@ targets and hand arrays to the mini-batch driver
 """
 
 import functools
+import gc
 import inspect
 import threading
 from contextlib import ExitStack, contextmanager
@@ -396,6 +397,9 @@ def releases_memory(method):
             release = getattr(exc, "_release", None)
             if release is not None:
                 _memory.release_frames(exc)
+                # arrays held in reference cycles (frames and the exceptions
+                # they caught) wait for the collector: collect them first
+                gc.collect()
                 release()
             raise
     return call

@@ -419,7 +419,8 @@ def test_interrupted_stream_drains_its_copies(resident, how):
 def test_a_method_out_of_memory_releases_again_once_its_frame_has_ended():
     """The device scope releases the pools while the estimator method's frame
     still holds its arrays; ``releases_memory`` releases again when that
-    frame has ended: by then its arrays are gone."""
+    frame has ended: by then its arrays are gone, those in reference cycles
+    too."""
     import weakref
 
     from sklearn_cuwide._base import releases_memory
@@ -433,6 +434,7 @@ def test_a_method_out_of_memory_releases_again_once_its_frame_has_ended():
         @releases_memory
         def fit(self, X):
             held = Array()
+            held.me = held  # in a reference cycle: freed by the collector only
             self.ref = weakref.ref(held)
             err = _memory.InsufficientMemoryError("the GPU ran out of memory")
             err._release = lambda: seen.append(self.ref() is None)
