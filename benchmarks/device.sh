@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, from the repository root, in one device call:
-#   bash benchmarks/device.sh [STEP ...]    steps: tests memcheck racecheck demo bench bench-more
-#                                           (default: all; each call at most 10 minutes: see
+#   bash benchmarks/device.sh [STEP ...]    steps: checks tests memcheck racecheck demo bench
+#                                           bench-more startup (default: checks demo bench
+#                                           bench-more; each call at most 10 minutes: see
 #                                           benchmarks/README.md for how to split them)
+# "checks" is tests, memcheck and racecheck in about 5 minutes: racecheck (about
+# 4 minutes) runs in a process of its own beside the GPU tests (about 5).
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
 # /tmp/cuwide-device); a summary table is printed last.  The real
 # datasets, carried as the ignored folder .data, reach every step.  A copy of
@@ -26,13 +29,25 @@ step() {  # name, command...
     "$(grep -h 'passed\|failed\|ERROR SUMMARY\|RACECHECK SUMMARY\|errors recorded' "$OUT/$name.log" | tail -n 1 | cut -c1-100)")")
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-for s in ${*:-tests memcheck racecheck demo bench bench-more}; do
+race() {
+  compute-sanitizer --tool racecheck --error-exitcode 9 \
+    $PYTEST -x tests/test_gpu_kernels.py -k "$RACECHECK_K"
+}
+for s in ${*:-checks demo bench bench-more}; do
   case $s in
+    checks)
+      race > "$OUT/racecheck.log" 2>&1 &
+      pid=$!; t0=$SECONDS
+      step tests $PYTEST -m gpu tests
+      step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+        $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K"
+      wait $pid; rc=$?
+      summary+=("$(printf '%-10s rc=%-3s %5ss  %s' racecheck "$rc" "$((SECONDS - t0))" \
+        "$(grep -h 'RACECHECK SUMMARY\|passed\|failed' "$OUT/racecheck.log" | tail -n 1 | cut -c1-100)")") ;;
     tests) step tests $PYTEST -m gpu tests ;;
     memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
         $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K" ;;
-    racecheck) step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 \
-        $PYTEST -x tests/test_gpu_kernels.py -k "$RACECHECK_K" ;;
+    racecheck) step racecheck race ;;
     demo) step demo python -m sklearn_cuwide.demo --n-samples 400000 ;;
     # the harness in two calls: floors, start-up and the systems (about 8
     # minutes), then the real datasets, the ablation and the scaling merged
@@ -42,7 +57,7 @@ for s in ${*:-tests memcheck racecheck demo bench bench-more}; do
     bench-more) step bench-more python -m benchmarks --gpu --parts real,ablation,scaling \
         --merge benchmarks/results/results.json --out "$OUT/results" ;;
     startup) step startup python -m benchmarks --gpu --parts startup --out "$OUT/startup" ;;
-    *) echo "unknown step $s (tests memcheck racecheck demo bench bench-more startup)" >&2 ;;
+    *) echo "unknown step $s (checks tests memcheck racecheck demo bench bench-more startup)" >&2 ;;
   esac
 done
 for log in bench bench-more startup; do

@@ -224,7 +224,7 @@ def _plan_fit(est, X, y, backend, reset):
     n_factors = int(getattr(est, "n_factors", 0) or 0)
     if is_classifier(est):
         classes = getattr(est, "classes_", None)
-        n_classes = classes.size if (classes is not None and not reset) else np.unique(y).size
+        n_classes = classes.size if (classes is not None and not reset) else count_labels(y)
         n_classes = max(int(n_classes), 2)
     else:
         n_classes = 2
@@ -476,15 +476,11 @@ _F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
 _BINCOUNT_SPAN = 1 << 20
 
 
-def encode_labels(y):
-    """``np.unique(y, return_inverse=True)``: the sorted classes and ``y``
-    as indices into them (intp), the same arrays.
-
-    Bool labels, and integer labels whose span ``max - min`` is below
-    ``max(n_samples, 2**20)``, take a bincount (linear: three passes over
-    ``y``) instead of ``np.unique``'s sort; other labels (strings, floats,
-    integers spread wide) are sorted.
-    """
+def _label_presence(y):
+    """``(lo, present, idx)`` of bool labels and of integer labels whose
+    span ``max - min`` is below ``max(n_samples, 2**20)``: ``idx`` the labels
+    minus ``lo`` (intp), ``present`` which values of the span occur (a
+    bincount: linear, no sort); None for other labels."""
     y = np.asarray(y)
     if y.ndim == 1 and y.size and (y.dtype.kind in "iu" or y.dtype == bool):
         lo, hi = int(y.min()), int(y.max())
@@ -492,12 +488,34 @@ def encode_labels(y):
             idx = y.astype(np.intp)
             if lo:
                 idx -= lo
-            present = np.bincount(idx, minlength=hi - lo + 1) > 0
-            classes = (np.flatnonzero(present) + lo).astype(y.dtype)
-            if present.all():  # every value of the span occurs: idx is the code
-                return classes, idx
-            return classes, np.take(np.cumsum(present) - 1, idx)
-    return np.unique(y, return_inverse=True)
+            return lo, np.bincount(idx, minlength=hi - lo + 1) > 0, idx
+    return None
+
+
+def encode_labels(y):
+    """``np.unique(y, return_inverse=True)``: the sorted classes and ``y``
+    as indices into them (intp), the same arrays.
+
+    Bool labels, and integer labels of a small span, take a bincount
+    (:func:`_label_presence`) instead of ``np.unique``'s sort; other labels
+    (strings, floats, integers spread wide) are sorted.
+    """
+    y = np.asarray(y)
+    found = _label_presence(y)
+    if found is None:
+        return np.unique(y, return_inverse=True)
+    lo, present, idx = found
+    classes = (np.flatnonzero(present) + lo).astype(y.dtype)
+    if present.all():  # every value of the span occurs: idx is the code
+        return classes, idx
+    return classes, np.take(np.cumsum(present) - 1, idx)
+
+
+def count_labels(y):
+    """``np.unique(y).size``, by the same bincount as :func:`encode_labels`
+    where it takes one."""
+    found = _label_presence(y)
+    return np.unique(y).size if found is None else int(np.count_nonzero(found[1]))
 
 
 def _integer_labels(y):
