@@ -24,7 +24,7 @@ import pytest
 import scipy.sparse as sp
 
 from sklearn_cuwide import GPUFactorizationMachine
-from sklearn_cuwide._base import encode_labels
+from sklearn_cuwide._base import count_labels, encode_labels
 from sklearn_cuwide._layout import build_layout, build_layout_csr, layout_to_csr
 from sklearn_cuwide._state import (
     ModelState,
@@ -224,6 +224,7 @@ def test_encode_labels_is_np_unique(y):
     assert classes.dtype == want_classes.dtype and idx.dtype == want_idx.dtype
     np.testing.assert_array_equal(classes, want_classes)
     np.testing.assert_array_equal(idx, want_idx)
+    assert count_labels(y) == want_classes.size
 
 
 # --------------------------------------------------------------------------
