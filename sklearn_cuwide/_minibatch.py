@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
 
 from . import _device, _memory
@@ -263,16 +262,25 @@ def _seeds(random_state, n=4):
     return [int(s) for s in rs.randint(0, np.iinfo(np.int32).max, size=n)]
 
 
+#: classes up to which the stratified split finds each class's rows by a
+#: comparison per class (linear), beyond by one stable sort
+_SPLIT_CLASS_PASSES = 16
+
+
 def _validation_split(n_samples, validation_fraction, stratify, seed):
-    """Indices ``(train, validation)`` for early stopping, stratified on
-    ``stratify`` (class indices) for classifiers."""
+    """Indices ``(train, validation)`` for early stopping (each sorted),
+    stratified on ``stratify`` (class indices) for classifiers.
+
+    ``ceil(validation_fraction * n_samples)`` rows are held out, as
+    scikit-learn's ``StratifiedShuffleSplit`` holds them out; each class
+    gives its share of them, rounded by largest remainders, drawn at random
+    among its rows.  Linear in the rows (a mask, no sort of them): the split
+    is the host's only per-row pass of an early-stopped fit besides the row
+    gathers.
+    """
     n_val = int(np.ceil(validation_fraction * n_samples))
-    if stratify is not None:
-        n_classes = np.unique(stratify).size
-        splitter = StratifiedShuffleSplit(test_size=validation_fraction, random_state=seed)
-    else:
-        n_classes = 1
-        splitter = ShuffleSplit(test_size=validation_fraction, random_state=seed)
+    counts = None if stratify is None else np.bincount(np.asarray(stratify, dtype=np.intp))
+    n_classes = 1 if counts is None else int(np.count_nonzero(counts))
     if n_val < n_classes or n_samples - n_val < n_classes:
         raise ValueError(
             f"The validation set of early stopping (validation_fraction="
@@ -280,9 +288,26 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
             f"both it and the training set need at least {n_classes} sample(s). "
             f"{_fraction_advice(n_val < n_classes)}, or set early_stopping=False."
         )
-    idx = np.zeros(n_samples) if stratify is None else stratify
-    train, val = next(splitter.split(np.zeros((n_samples, 1)), idx))
-    return np.sort(train), np.sort(val)
+    rng = np.random.default_rng(seed)
+    held = np.zeros(n_samples, dtype=bool)
+    if counts is None:
+        held[rng.choice(n_samples, n_val, replace=False)] = True
+    else:
+        share = counts * (n_val / n_samples)
+        take = np.floor(share).astype(np.int64)
+        short = n_val - int(take.sum())
+        if short:  # the largest remainders get one more
+            take[np.argsort(take - share, kind="stable")[:short]] += 1
+        labels = np.asarray(stratify, dtype=np.intp)
+        by_class = None
+        if counts.size > _SPLIT_CLASS_PASSES:
+            by_class = np.argsort(labels, kind="stable")
+            starts = np.concatenate([[0], np.cumsum(counts)])
+        for c in np.flatnonzero(take):
+            rows = (np.flatnonzero(labels == c) if by_class is None
+                    else by_class[starts[c]:starts[c + 1]])
+            held[rows[rng.choice(rows.size, int(take[c]), replace=False)]] = True
+    return np.flatnonzero(~held), np.flatnonzero(held)
 
 
 def _fraction_advice(validation_too_small):

@@ -132,6 +132,24 @@ def test_validation_split_is_stratified_and_reproducible():
     assert not np.array_equal(va, va3)
 
 
+@pytest.mark.parametrize("n_classes", [None, 3, 40])
+def test_validation_split_gives_each_class_its_share(n_classes):
+    # classes of very different sizes, a few (one comparison per class) and
+    # many (one sort); None: not stratified
+    rng = np.random.default_rng(1)
+    n = 20011
+    y = None if n_classes is None else np.minimum(
+        rng.zipf(1.5, size=n) - 1, n_classes - 1).astype(np.intp)
+    tr, va = _validation_split(n, 0.15, y, seed=0)
+    assert va.size == int(np.ceil(0.15 * n))
+    assert_array_equal(np.sort(np.concatenate([tr, va])), np.arange(n))
+    assert np.all(np.diff(tr) > 0) and np.all(np.diff(va) > 0)
+    if y is not None:
+        want = np.bincount(y, minlength=n_classes) * 0.15 * va.size / (0.15 * n)
+        got = np.bincount(y[va], minlength=n_classes)
+        assert np.all(np.abs(got - want) < 1)  # each class's share, rounded
+
+
 def test_same_random_state_same_split_and_model(ctr):
     X, y = ctr
     kw = dict(early_stopping=True, max_iter=3, tol=None, device="cpu")
