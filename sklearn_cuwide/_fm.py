@@ -24,6 +24,7 @@ from ._base import (
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
+    rows_nnz,
     fit_heads,
     fm_penalties,
     logit_prior,
@@ -222,18 +223,20 @@ class _BaseFM(_CuWideEstimator):
         :class:`~sklearn_cuwide._minibatch.HeadResult`)."""
         n_rows, n_features = X.shape
 
-        def make_params(X_train, sw_train):
+        def make_params(X, sw_train, rows):
+            n_train = X.shape[0] if rows is None else rows.shape[0]
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
                                               float(np.sum(sw_train)),
-                                              X_train.nnz / max(X_train.shape[0], 1))
+                                              rows_nnz(X, rows, backend) / max(n_train, 1))
             return StepParams(
                 model="fm", loss=self._loss, solver=self.solver,
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
-                               else auto_learning_rate(self.solver, X_train, sw_train,
+                               else auto_learning_rate(self.solver, X, sw_train,
                                                        loss=self._loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
                                                        model="fm", n_samples=n_rows,
-                                                       batch_size=self.batch_size)),
+                                                       batch_size=self.batch_size,
+                                                       rows=rows)),
                 l2_w=l2_w, l2_v=l2_v,
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=scaled,

@@ -166,13 +166,23 @@ def frequency_ranking(indices, n_features, xp=np, data=None):
     Returns ``(counts, order, rank)`` (numpy int64): ``order[new] = old``,
     ``rank[old] = new``.
     """
+    return rank_features(feature_counts(indices, n_features, xp, data), xp)
+
+
+def feature_counts(indices, n_features, xp=np, data=None):
+    """Nonzeros of each feature (``xp`` int64), stored zeros not counted
+    (see :func:`frequency_ranking`)."""
     if data is not None:
         present = data != 0
         if not bool(present.all()):  # one sync; only then a compaction
             indices = indices[present]
         del present
-    n = int(n_features)
-    counts = xp.bincount(indices, minlength=n).astype(xp.int64, copy=False)
+    return xp.bincount(indices, minlength=int(n_features)).astype(xp.int64, copy=False)
+
+
+def rank_features(counts, xp=np):
+    """:func:`frequency_ranking` of the feature counts ``counts`` (``xp``)."""
+    n = int(counts.shape[0])
     ids = xp.arange(n, dtype=xp.int64)
     top = int(counts.max()) if n else 0
     if (top + 1) * n <= _KEY_LIMIT:
@@ -274,6 +284,17 @@ class LayoutPlan:
     shuffled: bool
     source: tuple
     source_xp: object
+    source_rows: object = None
+
+    def _users(self, r0, r1):
+        """The source rows of layout rows ``r0:r1`` (numpy int64), or None
+        when they are the source's rows ``r0:r1`` as they lie."""
+        if self.shuffled:
+            users = self.row_order[r0:r1]
+            return users if self.source_rows is None else self.source_rows[users]
+        if self.source_rows is not None:
+            return self.source_rows[r0:r1]
+        return None
 
     @property
     def n_sblocks(self):
@@ -301,13 +322,13 @@ class LayoutPlan:
         xp = self.source_xp
         indptr, indices, data = self.source
         r0, r1 = self.chunk_rows(k)
-        if not self.shuffled:
+        users = self._users(r0, r1)
+        if users is None:
             if r0 == 0 and r1 == self.n_rows:
                 return indptr, indices, data
             a, b = int(indptr[r0]), int(indptr[r1])
             return indptr[r0 : r1 + 1] - indptr[r0], indices[a:b], data[a:b]
-        users = xp.asarray(self.row_order[r0:r1])
-        return _gather_rows(xp, indptr, indices, data, users)
+        return _gather_rows(xp, indptr, indices, data, xp.asarray(users))
 
     def read_chunk_into(self, k, ptr, idx, val):
         """:meth:`read_chunk` of a host source, written into ``ptr``, ``idx``
@@ -315,13 +336,14 @@ class LayoutPlan:
         caller).  Plain numpy, so that it may run on a worker thread."""
         indptr, indices, data = self.source
         r0, r1 = self.chunk_rows(k)
-        if not self.shuffled:
+        users = self._users(r0, r1)
+        if users is None:
             np.subtract(indptr[r0 : r1 + 1], indptr[r0], out=ptr)
             a = int(indptr[r0])
             idx[...] = indices[a : a + idx.shape[0]]
             val[...] = data[a : a + val.shape[0]]
         else:
-            _gather_rows_into(indptr, indices, data, self.row_order[r0:r1], ptr, idx, val)
+            _gather_rows_into(indptr, indices, data, users, ptr, idx, val)
 
 
 def _gather_rows(xp, indptr, indices, data, users):
@@ -373,6 +395,7 @@ def plan_layout(
     random_state=None,
     chunk_nnz=1 << 24,
     xp=np,
+    rows=None,
 ):
     """The :class:`LayoutPlan` of ``X`` (see :func:`build_layout` for the
     parameters).  ``xp``: the array module of a cupyx matrix's arrays, which
@@ -384,7 +407,7 @@ def plan_layout(
         xp=np if isinstance(indptr, np.ndarray) else xp,
         batch_size=batch_size, sample_block=sample_block, n_hot_max=n_hot_max,
         hot_min_per_block=hot_min_per_block, shuffle=shuffle,
-        random_state=random_state, chunk_nnz=chunk_nnz,
+        random_state=random_state, chunk_nnz=chunk_nnz, rows=rows,
     )
 
 
@@ -402,9 +425,11 @@ def plan_csr(
     shuffle=False,
     random_state=None,
     chunk_nnz=1 << 24,
+    rows=None,
 ):
     """The :class:`LayoutPlan` of the CSR ``(indptr, indices, data)`` of
-    ``shape``, arrays of ``xp`` (numpy, or cupy for a matrix on the device).
+    ``shape``, arrays of ``xp`` (numpy, or cupy for a matrix on the device);
+    with ``rows``, of those rows of it (see :func:`build_layout`).
 
     Every pass over the nonzeros (the counts) and over the rows (their
     lengths in layout order) runs with ``xp``, where the arrays are; the
@@ -414,6 +439,10 @@ def plan_csr(
     every device gives the same layout for the same seed.
     """
     n_rows, n_features = (int(v) for v in shape)
+    source_rows = None
+    if rows is not None:
+        source_rows = np.asarray(rows, dtype=np.int64)
+        n_rows = int(source_rows.shape[0])
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -423,10 +452,18 @@ def plan_csr(
     if sample_block < 1:
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
     indptr = xp.asarray(indptr, dtype=xp.int64)  # no copy when int64 already
-    nnz_total = int(indptr[-1]) if n_rows else 0
-    counts, order, rank = frequency_ranking(
-        indices[:nnz_total], n_features, xp=xp, data=data[:nnz_total]
-    )
+    n_source = int(indptr.shape[0]) - 1
+    nnz_total = int(indptr[-1]) if n_source else 0
+    counts = feature_counts(indices[:nnz_total], n_features, xp, data[:nnz_total])
+    if source_rows is not None and n_rows < n_source:
+        # the rows left out, counted from their own gather, taken off
+        out = np.ones(n_source, dtype=bool)
+        out[source_rows] = False
+        _, idx_out, val_out = _gather_rows(xp, indptr, indices, data,
+                                           xp.asarray(np.flatnonzero(out)))
+        counts -= feature_counts(idx_out, n_features, xp, val_out)
+        del out, idx_out, val_out
+    counts, order, rank = rank_features(counts, xp)
     if shuffle and n_rows > 1:
         rng = np.random.default_rng(random_state)
         row_order = rng.permutation(n_rows).astype(np.int64)
@@ -463,6 +500,8 @@ def plan_csr(
     batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
     if n_batches:
         row_len = xp.diff(indptr)
+        if source_rows is not None:
+            row_len = row_len[xp.asarray(source_rows)]
         if shuffle:
             row_len = row_len[xp.asarray(row_order)]
         cum = xp.cumsum(row_len)
@@ -471,7 +510,7 @@ def plan_csr(
         del row_len, cum
     bounds = [0]
     if n_batches:
-        targets = np.arange(chunk_nnz, nnz_total, chunk_nnz)
+        targets = np.arange(chunk_nnz, int(batch_nnz_ptr[-1]), chunk_nnz)
         cuts = np.unique(np.searchsorted(batch_nnz_ptr, targets, side="left"))
         bounds += [int(c) for c in cuts if 0 < c < n_batches]
         bounds.append(n_batches)
@@ -497,6 +536,7 @@ def plan_csr(
         shuffled=bool(shuffle),
         source=(indptr, indices, data),
         source_xp=xp,
+        source_rows=source_rows,
     )
 
 
@@ -650,6 +690,7 @@ def build_layout(
     dtype=np.float32,
     xp=None,
     chunk_nnz=None,
+    rows=None,
 ):
     """Build the tiled, feature-major training layout of a sparse matrix.
 
@@ -679,6 +720,11 @@ def build_layout(
         backend's ``build_layout`` overlaps those copies).  A host matrix is
         planned on the host, a cupyx one on the device (:func:`plan_csr`);
         every choice gives the same layout.
+    rows : array of int, default None
+        Lay out these rows of ``X`` only, in this order before any shuffle
+        (the training rows of an early-stopping split): the layout is that
+        of ``X[rows]``, without that copy being made; ``row_order`` then
+        counts positions in ``rows``.
     chunk_nnz : int, default None
         Sort at most about this many nonzeros at a time (whole mini-batches
         per chunk); bounds the temporary memory.  ``None``: 2**24 on the
@@ -702,6 +748,7 @@ def build_layout(
         random_state=random_state,
         chunk_nnz=chunk_nnz,
         xp=xp,
+        rows=rows,
     )
     return tile_layout(plan, xp, dtype)
 

@@ -481,7 +481,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         loss = "logistic" if D == 1 else "multinomial"
         adagrad = self.solver == "adagrad"
 
-        def make_params(X_train, sw_train):
+        def make_params(X, sw_train, rows):
             S = float(sw_train.sum())
             l2_w, l1 = 0.0, 0.0
             if math.isfinite(C):
@@ -489,10 +489,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             return StepParams(
                 model="linear", loss=loss, solver=self.solver,
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
-                               else auto_learning_rate(self.solver, X_train, sw_train,
+                               else auto_learning_rate(self.solver, X, sw_train,
                                                        loss=loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
-                                                       batch_size=self.batch_size)),
+                                                       batch_size=self.batch_size,
+                                                       rows=rows)),
                 l2_w=l2_w, l1=l1, fit_intercept=self.fit_intercept,
                 # C defines scikit-learn's full objective: every feature is
                 # penalised per epoch as its stochastic gradient would be

@@ -104,8 +104,10 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     schedule : Schedule
     n_outputs, n_factors : int
         The shape of one head's model (they size the layout's tiles).
-    make_params : callable ``(X_train, sw_train) -> StepParams``
-        The step hyperparameters for the training rows.
+    make_params : callable ``(X, sw_train, rows) -> StepParams``
+        The step hyperparameters for the training rows ``rows`` of ``X``
+        (None: all of them; ``sw_train`` their weights, see
+        :func:`rows_nnz`).
     init_state : callable ``(head, t_train, sw_train, seed) -> ModelState``
         A head's fresh starting state (numpy, user feature order).
     warm : list of ModelState or None
@@ -132,17 +134,19 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             schedule.early_stopping, stratify):
         tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                    seed_split)
+        # the held-out rows are copied; the training rows are laid out from
+        # X where it is (build_layout's rows), never copied on their own
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
-        X, sample_weight = _take_rows(X, tr, backend), sample_weight[tr]
+        sample_weight = sample_weight[tr]
         progress.stage("validation split")
-    params = make_params(X, sample_weight)
+    params = make_params(X, sample_weight, tr)
     progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
                                                  schedule.batch_size)
     layout = backend.build_layout(
         X, batch_size=schedule.batch_size, sample_block=sample_block,
         n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
-        dtype=COMPUTE_DTYPE,
+        dtype=COMPUTE_DTYPE, rows=tr,
     )
     workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
     plan = _memory.active_plan()  # the model's rows on the device (None: all)
@@ -356,6 +360,14 @@ def _warn_max_iter(results, tol, max_iter):
         )
 
 
+def rows_nnz(X, rows, backend):
+    """Stored entries of the rows ``rows`` of the CSR ``X`` (None: all)."""
+    if rows is None:
+        return int(X.nnz)
+    r = backend.to_device(rows) if _device.is_cupy_array(X) else rows
+    return int((X.indptr[r + 1] - X.indptr[r]).sum())
+
+
 def _take_rows(X, rows, backend):
     """Rows ``rows`` (a numpy index array) of a CSR matrix; for a matrix on
     the device, with the index array copied there."""
@@ -405,16 +417,17 @@ ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
 
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
-                       n_samples=None, batch_size=None):
+                       n_samples=None, batch_size=None, rows=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
     with ``L`` a bound on the Lipschitz constant of a mini-batch's mean
     loss gradient (of the linear part for an FM; ``batch_size`` rows, None:
     the full batch).  For ``model="fm"`` Adagrad's constant depends on
     ``n_samples``, the rows of the call (before any validation split;
-    default ``X``'s)."""
+    default ``X``'s).  ``rows``: the training rows of ``X`` (None: all;
+    ``sw`` their weights)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
-                                  backend=backend, batch_size=batch_size)
+                                  backend=backend, batch_size=batch_size, rows=rows)
     n = X.shape[0] if n_samples is None else n_samples
     if model == "fm" and n >= EARLY_STOPPING_AUTO_MIN_SAMPLES:
         return ADAGRAD_AUTO_LEARNING_RATE_FM
@@ -456,8 +469,8 @@ def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz):
     return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 
-def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, n_iter=30,
-                       max_rows=100_000, seed=0):
+def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, rows=None,
+                       n_iter=30, max_rows=100_000, seed=0):
     """``1 / L`` from ``lambda_max`` of the weighted second-moment matrix of
     ``X`` (with a column of ones for the intercept): a few power iterations
     on at most ``max_rows`` rows.  On one-hot click data it is small (the
@@ -481,9 +494,12 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, 
     X = canonical_csr(X)
     sw = np.asarray(sw, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    if X.shape[0] > max_rows:
-        rows = np.sort(rng.choice(X.shape[0], size=max_rows, replace=False))
-        X, sw = _take_rows(X, rows, backend), sw[rows]
+    n = X.shape[0] if rows is None else int(rows.shape[0])
+    if n > max_rows:
+        pick = np.sort(rng.choice(n, size=max_rows, replace=False))
+        X, sw = _take_rows(X, pick if rows is None else rows[pick], backend), sw[pick]
+    elif rows is not None:
+        X = _take_rows(X, rows, backend)
     S = sw.sum()
     d = X.shape[1]
     v = rng.standard_normal(d + 1)

@@ -174,6 +174,7 @@ class _Probe:
 
     def build_layout(self, X, **kw):
         self._X = X if self._variant == "classic" else None
+        self._rows = kw.get("rows")  # the training rows of X (None: all)
         self._layout = self._be.build_layout(X, **kw)
         return self._layout
 
@@ -241,7 +242,8 @@ class _Probe:
             X = self._X
             if type(X).__module__.startswith("cupyx"):  # the user's device matrix
                 X = X.get()
-            Xc = X.tocsr()[L.row_order]
+            X = X.tocsr()
+            Xc = X[L.row_order if self._rows is None else self._rows[L.row_order]]
             Xc.indices = np.asarray(L.feature_rank)[Xc.indices].astype(np.int32)
             Xc.sort_indices()
             self._Xc = be.put_csr(Xc, dtype=np.float32)

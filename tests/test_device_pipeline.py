@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from sklearn_cuwide import GPUFactorizationMachine
 from sklearn_cuwide._base import count_labels, encode_labels
-from sklearn_cuwide._layout import build_layout, build_layout_csr, layout_to_csr
+from sklearn_cuwide._layout import build_layout, build_layout_csr, layout_to_csr, plan_layout
 from sklearn_cuwide._state import (
     ModelState,
     counter_bits,
@@ -102,6 +102,41 @@ def test_device_build_equals_host_build(case, module):
     assert (layout_to_csr(A) != C).nnz == 0
     assert not (A.val == 0).any()
     assert A.feature_counts[-5:].sum() == 0  # empty columns stay empty
+    for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("module", ["numpy", "stand-in"])
+@pytest.mark.parametrize("which", ["split", "few", "all"])
+def test_build_of_some_rows_equals_the_build_of_their_copy(case, module, which):
+    """``rows=``: the layout of those rows of X (a split's training rows,
+    sorted; a few rows in any order; every row), bit for bit the layout of
+    the copy ``X[rows]``, on the host (``build_layout``, chunk by chunk) and
+    through the device pipeline (``build_layout_csr``), without the copy."""
+    shuffle, batch_size, sample_block, chunk_nnz, int64 = case
+    rng = np.random.default_rng(12)
+    X = _problem(rng, int64=int64)
+    rows = {"split": np.flatnonzero(rng.random(X.shape[0]) < 0.8),
+            "few": rng.permutation(X.shape[0])[:97],
+            "all": np.arange(X.shape[0])}[which]
+    snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X[rows], chunk_nnz=chunk_nnz, **kw)
+    B = build_layout(X, rows=rows, chunk_nnz=chunk_nnz, **kw)
+    _assert_same(A, B, "host")
+    xp = np if module == "numpy" else _FakeCupy()
+    parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
+    C = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, rows=rows, **kw)
+    _assert_same(A, C, module)
+    # the host gather into the uploader's buffers (build_from_host's)
+    plan = plan_layout(X, rows=rows, chunk_nnz=chunk_nnz, **kw)
+    for k in range(len(plan.chunks)):
+        want = plan.read_chunk(k)
+        got = tuple(np.empty(a.shape[0], a.dtype) for a in want)
+        plan.read_chunk_into(k, *got)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
     for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
         np.testing.assert_array_equal(a, b)
 
