@@ -290,19 +290,20 @@ class PredictShape:
 # --------------------------------------------------------------------------
 def _validation_parts(s, where):
     """The early-stopping split's copies (``_minibatch.fit_heads``): the
-    training rows and the held-out rows, copied from ``X`` where it lives;
-    the held-out rows in the layout's feature order (a host copy), then on
-    the backend with their targets, weights and decision values."""
+    held-out rows, copied from ``X`` where it lives, and gathered once more
+    by the layout's plan for the training rows' feature counts (the training
+    rows are laid out from ``X`` itself); the held-out rows in the layout's
+    feature order (a host copy), then on the backend with their targets,
+    weights and decision values."""
     if s.validation_fraction is None:
         return {}
     n_val = int(math.ceil(s.validation_fraction * s.n_rows))
     nnz_val = int(math.ceil(s.validation_fraction * s.nnz))
-    copy = csr_bytes(s.nnz, s.n_rows + 1, s.index_itemsize, s.value_itemsize)
     held = csr_bytes(nnz_val, n_val, s.index_itemsize, s.value_itemsize)
     scores = n_val * s.n_outputs * (4 + 8 + 3 * 8) + 2 * 8 * n_val
     parts = {}
     if (where == "device") == s.on_device:
-        parts["the early-stopping split's copies of X"] = copy
+        parts["the early-stopping split's copies of the held-out rows"] = 2 * held + s.n_rows
     if where == "host":
         parts["the held-out rows in the layout's feature order"] = held
     parts["the held-out rows' scores"] = scores
