@@ -4,8 +4,9 @@
 #                                           bench-more startup (default: checks demo bench
 #                                           bench-more; each call at most 10 minutes: see
 #                                           benchmarks/README.md for how to split them)
-# "checks" is tests, memcheck and racecheck in about 5 minutes: racecheck (about
-# 4 minutes) runs in a process of its own beside the GPU tests (about 5).
+# "checks" is tests, memcheck and racecheck side by side: the GPU tests in
+# SHARDS processes (test files dealt round-robin), racecheck in two, memcheck
+# after the tests (one after another they took 5, 4 and 0.2 minutes).
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
 # /tmp/cuwide-device); a summary table is printed last.  The real
 # datasets, carried as the ignored folder .data, reach every step.  A copy of
@@ -17,7 +18,9 @@ mkdir -p "$OUT"
 [[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
 # the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)
 MEMCHECK_K='epoch_matches_reference or all_hot or classic or packed_penalty or switches_match or ablation_entry or (predict_kernel and int32 and float32) or fused or memory_kernels or (cluster and (fm8 or lr-adagrad or mlr or edge))'
-RACECHECK_K='(epoch_matches_reference and one_block) or all_hot or ablation_entry or fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
+RACECHECK_K1='(epoch_matches_reference and one_block) or all_hot or ablation_entry'
+RACECHECK_K2='fused or memory_kernels or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
+SHARDS=${SHARDS:-3}
 PYTEST="python -m pytest -q -p no:cacheprovider"
 summary=()
 step() {  # name, command...
@@ -29,22 +32,46 @@ step() {  # name, command...
     "$(grep -h 'passed\|failed\|ERROR SUMMARY\|RACECHECK SUMMARY\|errors recorded' "$OUT/$name.log" | tail -n 1 | cut -c1-100)")")
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+parallel() {  # command lines, each run in its own process; fails if one fails
+  local pids=() rc=0 p
+  for c in "$@"; do bash -c "$c" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+gpu_tests() {  # the gpu-marked tests in SHARDS processes; their logs, then the totals
+  local files=(tests/test_*.py) cmds=() k i rc
+  for ((k = 0; k < SHARDS; k++)); do
+    local mine=""
+    for ((i = k; i < ${#files[@]}; i += SHARDS)); do mine+=" ${files[i]}"; done
+    cmds+=("$PYTEST -m gpu $mine > $OUT/tests.$k.log 2>&1")
+  done
+  parallel "${cmds[@]}"; rc=$?
+  cat "$OUT"/tests.[0-9]*.log
+  for ((k = 0; k < SHARDS; k++)); do
+    grep -h 'passed\|failed\|skipped' "$OUT/tests.$k.log" | tail -n 1
+  done | awk '{for (i = 2; i <= NF; i++) if ($i ~ /^(passed|failed|error|errors|xfailed|xpassed|skipped)/) {
+      w = $i; sub(/[,;]$/, "", w); n[w] += $(i - 1)} }
+    END {for (w in n) printf "%d %s, ", n[w], w; print "in " SHARDS " shards"}' SHARDS="$SHARDS"
+  return $rc
+}
 race() {
-  compute-sanitizer --tool racecheck --error-exitcode 9 \
-    $PYTEST -x tests/test_gpu_kernels.py -k "$RACECHECK_K"
+  parallel "compute-sanitizer --tool racecheck --error-exitcode 9 $PYTEST -x \
+      tests/test_gpu_kernels.py -k '$RACECHECK_K1'" \
+    "compute-sanitizer --tool racecheck --error-exitcode 9 $PYTEST -x \
+      tests/test_gpu_kernels.py -k '$RACECHECK_K2'"
 }
 for s in ${*:-checks demo bench bench-more}; do
   case $s in
     checks)
       race > "$OUT/racecheck.log" 2>&1 &
       pid=$!; t0=$SECONDS
-      step tests $PYTEST -m gpu tests
+      step tests gpu_tests
       step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
         $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K"
       wait $pid; rc=$?
       summary+=("$(printf '%-10s rc=%-3s %5ss  %s' racecheck "$rc" "$((SECONDS - t0))" \
-        "$(grep -h 'RACECHECK SUMMARY\|passed\|failed' "$OUT/racecheck.log" | tail -n 1 | cut -c1-100)")") ;;
-    tests) step tests $PYTEST -m gpu tests ;;
+        "$(grep -h 'RACECHECK SUMMARY' "$OUT/racecheck.log" | sort | uniq -c | tr -s ' ' | cut -c1-100)")") ;;
+    tests) step tests gpu_tests ;;
     memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
         $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K" ;;
     racecheck) step racecheck race ;;
