@@ -307,8 +307,8 @@ def _validation_parts(s, where):
     if where == "host":
         parts["the held-out rows in the layout's feature order"] = held
     parts["the held-out rows' scores"] = scores
-    if where == "device":
-        parts["the held-out rows on the device"] = held
+    if where == "device":  # copied in, then in the layout's feature order
+        parts["the held-out rows on the device"] = 2 * held
     return parts
 
 

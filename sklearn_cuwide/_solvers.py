@@ -304,12 +304,15 @@ def fit_minibatch(
     val = None
     if validation is not None:
         Xv, yv, swv = validation
-        Xv = Xv.tocsr()[:, layout.feature_order]  # layout feature order
         if ooc is not None:  # scored on the host, a device's worth of rows at a time
+            Xv = Xv.tocsr()[:, layout.feature_order]  # layout feature order
             val = (Xv, np.asarray(yv, dtype=np.float64), np.asarray(swv, dtype=np.float64))
         else:
+            # on the backend as they are, then in the layout's feature order
+            # there (a column gather of every held-out nonzero: the GPU's)
+            Xv = backend.put_csr(Xv)
             val = (
-                backend.put_csr(Xv),
+                backend.put_csr(Xv[:, layout.feature_order]),
                 xp.asarray(backend.to_device(np.asarray(yv, dtype=np.float64))),
                 xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
             )
