@@ -184,7 +184,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     if blown_up:
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
-        _warn_max_iter(results, schedule.tol, schedule.max_iter)
+        _warn_max_iter(results, schedule.tol, schedule.max_iter,
+                       early_stopping_advice=va is None)
     return results
 
 
@@ -343,18 +344,34 @@ def _can_stratify(early_stopping, stratify):
     )
 
 
-def _warn_max_iter(results, tol, max_iter):
+def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False):
     """A ConvergenceWarning, as scikit-learn's SGDClassifier warns, when a
     stopping rule was active (``tol`` not None) and a head ran all
-    ``max_iter`` epochs without it being met."""
+    ``max_iter`` epochs without it being met.
+
+    ``early_stopping_advice``: the rule watched the training loss (no
+    validation split) where early stopping is available.  A training loss
+    still falling after ``max_iter`` epochs is as often a model fitting its
+    training rows ever closer (an FM on a few thousand rows) as one short of
+    its optimum: the warning then names early stopping first, since more
+    epochs would only fit them closer."""
     if tol is None:
         return
     if any(r.n_iter >= max_iter for r in results):
+        if early_stopping_advice:
+            advice = (
+                "The training loss was still falling: set early_stopping=True to "
+                "stop on the loss of a held-out part of the data (and keep its "
+                "best epoch), which also tells a model that overfits from one "
+                "that needs more epochs; or increase max_iter to fit the "
+                "training data closer, or set tol=None to run max_iter epochs "
+                "without this warning.")
+        else:
+            advice = ("Consider increasing max_iter to improve the fit, or set "
+                      "tol=None to run max_iter epochs without this warning.")
         warnings.warn(
             f"Maximum number of iteration reached before convergence "
-            f"(max_iter={max_iter}). Consider increasing max_iter to "
-            f"improve the fit, or set tol=None to run max_iter epochs without "
-            f"this warning.",
+            f"(max_iter={max_iter}). {advice}",
             ConvergenceWarning,
             stacklevel=4,
         )

@@ -194,9 +194,18 @@ def test_max_iter_reached_warns_as_sgdclassifier(est):
 
     X, y = make_sparse_problem(2, n_samples=400)
     with pytest.warns(ConvergenceWarning,
-                      match="Maximum number of iteration reached before convergence"):
+                      match="Maximum number of iteration reached before convergence") as w:
         est.set_params(max_iter=2).fit(X, y)
     assert est.n_iter_ == 2 or list(est.n_iter_) == [2]
+    # under 10,000 rows early_stopping="auto" is off: the rule watched the
+    # training loss, and the advice names early stopping before more epochs
+    text = str(w[0].message)
+    assert "early_stopping=True" in text and text.index("early_stopping") < text.index(
+        "increase max_iter")
+    with pytest.warns(ConvergenceWarning, match="Consider increasing max_iter") as w:
+        est.set_params(early_stopping=True, n_iter_no_change=5).fit(X, y)
+    assert "early_stopping" not in str(w[0].message)
+    est.set_params(early_stopping="auto")
     # no stopping rule, partial_fit, or a fit the rule stopped: no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
