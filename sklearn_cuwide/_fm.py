@@ -463,7 +463,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             commit(self, {"classes_": classes, "device_": device_,
                           **self._fitted_attrs(results, partial=False)})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -510,7 +510,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             )
             commit(self, {"device_": device_, **self._fitted_attrs(results, partial=True)})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     @staticmethod
@@ -678,7 +678,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             commit(self, {"device_": device_, **self._fitted_attrs(
                 results, partial=False, target_scaling=scaling)})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -717,7 +717,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             commit(self, {"device_": device_, **self._fitted_attrs(
                 results, partial=True, target_scaling=scaling)})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     @staticmethod

@@ -3,7 +3,7 @@
 import math
 import warnings
 from functools import update_wrapper
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import log_softmax
@@ -65,6 +65,17 @@ class _available_if_explained:
             return self._inner.__get__(obj, owner)
         except AttributeError:
             raise AttributeError(self._why(obj)) from None
+
+
+#: scikit-learn's LogisticRegression solvers that have no namesake here,
+#: and what they are there
+_SKLEARN_ONLY_SOLVERS = {
+    "liblinear": "coordinate descent (LIBLINEAR)",
+    "saga": "incremental stochastic gradient (SAGA)",
+    "sag": "incremental stochastic gradient (SAG)",
+    "newton-cg": "Newton conjugate gradient",
+    "newton-cholesky": "Newton with Cholesky solves",
+}
 
 
 def _partial_fit_needs_minibatch(est):
@@ -179,6 +190,19 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         accuracy); an int ``P``: at most ``P``, and ``1`` applies the
         mini-batches strictly in order as the CPU does.  The CPU always runs
         in order; ``"lbfgs"`` ignores it.  See :ref:`reproducibility`.
+    dual : bool, default=False
+        scikit-learn's ``LogisticRegression`` parameter, accepted so that its
+        code runs unchanged: the dual formulation belongs to its
+        ``"liblinear"`` solver; every solver here solves the primal problem
+        (the same model), and ``True`` raises a ``ValueError``.
+    intercept_scaling : float, default=1.0
+        scikit-learn's parameter, accepted as it is there and, as there with
+        every solver but ``"liblinear"``, without effect: the intercept is
+        not penalised.
+    n_jobs : int or None, default=None
+        scikit-learn's parameter, accepted, without effect as there (since
+        scikit-learn 1.8): the work runs on the device, or on the CPU
+        backend's BLAS threads.
 
     Attributes
     ----------
@@ -237,7 +261,13 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
         "class_weight": [dict, StrOptions({"balanced"}), None],
         "tol": [Interval(Real, 0, None, closed="left")],
-        "solver": [StrOptions({"lbfgs", "sgd", "adagrad"})],
+        # scikit-learn's other solvers pass here so that the fit can say
+        # which of ours does their work
+        "solver": [StrOptions({"lbfgs", "sgd", "adagrad"}),
+                   Hidden(StrOptions(set(_SKLEARN_ONLY_SOLVERS)))],
+        "dual": ["boolean"],
+        "intercept_scaling": [Interval(Real, 0, None, closed="neither")],
+        "n_jobs": [Integral, None],
         **_SHARED_PARAMETER_CONSTRAINTS,
     }
 
@@ -263,6 +293,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         n_iter_no_change=5,
         device="auto",
         concurrency="auto",
+        dual=False,
+        intercept_scaling=1.0,
+        n_jobs=None,
     ):
         self.penalty = penalty
         self.C = C
@@ -283,6 +316,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self.n_iter_no_change = n_iter_no_change
         self.device = device
         self.concurrency = concurrency
+        self.dual = dual
+        self.intercept_scaling = intercept_scaling
+        self.n_jobs = n_jobs
 
     # ------------------------------------------------------------------
     # parameters
@@ -357,12 +393,26 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                                classes, partial=False, progress=progress)
             commit(self, {"classes_": classes, "device_": device_, **fitted})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     def _check_solver_options(self, C, l1_ratio):
         """The parameters the chosen solver cannot honour: an error that says
         which solver can."""
+        if self.solver in _SKLEARN_ONLY_SOLVERS:
+            raise InvalidParameterError(
+                f"The 'solver' parameter of {type(self).__name__} must be a str among "
+                f"{{'lbfgs', 'sgd', 'adagrad'}}. Got {self.solver!r}: scikit-learn's "
+                f"{_SKLEARN_ONLY_SOLVERS[self.solver]}. Use solver='lbfgs' for the same "
+                "optimum of an L2 (or no) penalty, or solver='adagrad' for an L1 or "
+                "elastic-net penalty (l1_ratio > 0) and for mini-batches."
+            )
+        if self.dual:
+            raise ValueError(
+                "dual=True is the dual formulation of scikit-learn's 'liblinear' "
+                f"solver; {type(self).__name__} solves the primal problem (the same "
+                "model) with every solver. Leave dual=False."
+            )
         if self.solver == "lbfgs" and l1_ratio > 0 and math.isfinite(C):
             penalty = "l1" if l1_ratio == 1 else "elasticnet"
             raise ValueError(
@@ -429,7 +479,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                            classes, partial=True, progress=progress)
             commit(self, {"device_": device_, **fitted})
             self._set_gpu_cache(backend)
-        progress.finish()
+        progress.finish(device=self.device_)
         return self
 
     def _warm_arrays(self, n_features, classes, force=False):

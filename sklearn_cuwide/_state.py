@@ -321,7 +321,7 @@ class FitProgress:
     * ``Iterations <a>-<b> in <t> s: ...`` -- L-BFGS iterations
       (:meth:`iteration`), one line per :attr:`every` of them (every one
       from ``verbose=2``);
-    * ``Fit: <T> s, <n> samples, <r> samples/s`` -- the last line
+    * ``Fit: <T> s on <device>, <n> samples, <r> samples/s`` -- the last line
       (:meth:`finish`), the whole fit.
 
     A line whose span compiled kernels (or loaded them from CuPy's cache)
@@ -405,13 +405,16 @@ class FitProgress:
         what = f"Iteration {b}" if a == b else f"Iterations {a}-{b}"
         self._print(f"{what} in {span}: {detail}, {self._rate(now)}")
 
-    def finish(self, name="attributes"):
+    def finish(self, name="attributes", device=None):
         """End the last stage (``name``: setting the fitted attributes) and
-        print the whole fit's wall-clock and samples per second."""
+        print the whole fit's wall-clock (on ``device``, when given) and
+        samples per second."""
         self.stage(name)
         total = self.elapsed()
         rate = self.samples / total if total > 0 else math.inf
-        self._print(f"Fit: {total:.3f} s, {self.samples:,} samples, {rate:,.0f} samples/s")
+        where = "" if device is None else f" on {device}"
+        self._print(f"Fit: {total:.3f} s{where}, {self.samples:,} samples, "
+                    f"{rate:,.0f} samples/s")
 
 
 def _kernel_seconds():

@@ -305,3 +305,27 @@ def test_sgd_automatic_step_bounds_a_long_rows_share_of_its_batch(batch_size):
     fm = _fmr(solver="sgd", n_factors=2, batch_size=batch_size, max_iter=6, tol=None)
     fm.fit(X, y)
     assert np.all(np.diff(fm.loss_curve_) < 0)
+
+
+def test_scikit_learn_logistic_regression_code_runs_unchanged():
+    """scikit-learn's LogisticRegression parameters that have no effect here
+    are accepted as there (dual=False, intercept_scaling, n_jobs), and its
+    other solvers and dual=True say what to use instead, before fitting."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.utils._param_validation import InvalidParameterError
+
+    from sklearn_cuwide import GPULogisticRegression
+
+    X, y = make_sparse_problem(2, n_samples=300)
+    kw = dict(C=0.5, dual=False, intercept_scaling=1.0, n_jobs=-1, max_iter=500)
+    ours = GPULogisticRegression(device="cpu", **kw).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # n_jobs, deprecated there
+        ref = LogisticRegression(**kw).fit(X, y)
+    assert_allclose(ours.coef_, ref.coef_, rtol=1e-3, atol=1e-4)
+    for solver in ("liblinear", "saga", "sag", "newton-cg", "newton-cholesky"):
+        with pytest.raises(InvalidParameterError, match=f"Got '{solver}': scikit-learn's .*"
+                           "solver='lbfgs' .* solver='adagrad'"):
+            GPULogisticRegression(solver=solver, device="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="primal problem .* Leave dual=False"):
+        GPULogisticRegression(dual=True, device="cpu").fit(X, y)
