@@ -6,7 +6,8 @@ for cupy) are in ``tests/test_device_pipeline.py``.  Here, with cupy:
 * the layout built on the device from an uploaded host CSR
   (``_upload.build_on_device``), from a cupyx matrix, and by each choice of
   ``_upload.build_site`` through the backend's ``build_layout``, equals the
-  CPU-built layout for the same seed, bit for bit;
+  CPU-built layout for the same seed, bit for bit; of some rows
+  (``rows=``) too;
 * the ranking and the initial factors are the same bits on the device as
   with numpy;
 * scipy and cupyx input give the same model;
@@ -97,6 +98,28 @@ def test_gpu_backend_build_layout_each_site(monkeypatch):
         assert called == ([site] if site else [])
         assert isinstance(B.feat, cp.ndarray) == (site is not None)
         _assert_same(A, B, f"budget {budget}")
+
+
+def test_gpu_build_of_some_rows_equals_the_build_of_their_copy():
+    """``rows=`` (an early-stopping split's training rows) by each of
+    build_site's choices and from a cupyx matrix: the CPU-built layout of
+    the copy ``X[rows]``, bit for bit."""
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _upload
+
+    rng = np.random.default_rng(7)
+    X = _problem(rng, n=20011, d=3001)
+    rows = np.flatnonzero(rng.random(X.shape[0]) < 0.9)
+    kw = dict(_kw(True, 64, 30), chunk_nnz=30011)
+    A = build_layout(X[rows], **kw)
+    layout = X.nnz * _upload.LAYOUT_BYTES_PER_NNZ + _upload.LAYOUT_SLACK
+    csr = (X.shape[0] + 1) * 8 + X.nnz * (X.indices.itemsize + X.data.itemsize)
+    for budget in (csr + layout, layout, layout - 1):
+        _assert_same(A, _cuda.build_layout(X, rows=rows, memory_budget=budget, **kw),
+                     f"budget {budget}")
+    _assert_same(A, _cuda.build_layout(cpsp.csr_matrix(X), rows=rows, **kw), "cupyx")
 
 
 def test_gpu_ranking_and_factors_are_numpys_bits():
