@@ -308,7 +308,7 @@ def _predict_backend(device_):
     else the CPU (a model fitted on a GPU predicts on a machine without one)."""
     if isinstance(device_, str) and device_.startswith("cuda"):
         idx = int(device_.split(":")[1]) if ":" in device_ else 0
-        if _device.cuda_device_count() > idx:
+        if idx in _device.usable_devices():
             try:
                 return get_backend(device_)
             except ImportError:

@@ -7,7 +7,8 @@ compiled and no kernel is loaded.
 
 import re
 
-__all__ = ["resolve_device", "cuda_device_count", "is_cupy_array", "VALID_DEVICES"]
+__all__ = ["resolve_device", "cuda_device_count", "usable_devices", "is_cupy_array",
+           "VALID_DEVICES"]
 
 VALID_DEVICES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 _CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
@@ -16,17 +17,18 @@ _CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
 MIN_COMPUTE_CAPABILITY = 70
 
 
-def cuda_device_count():
-    """Number of usable CUDA devices (0 when cupy or a driver is missing)."""
+def usable_devices():
+    """Indices of the CUDA devices the kernels run on (compute capability
+    7.0 or newer); empty when cupy or a driver is missing."""
     try:
         from cupy.cuda import runtime
     except Exception:
-        return 0
+        return []
     try:
         n = runtime.getDeviceCount()
     except Exception:
-        return 0
-    usable = 0
+        return []
+    usable = []
     for i in range(n):
         try:
             props = runtime.getDeviceProperties(i)
@@ -34,8 +36,22 @@ def cuda_device_count():
         except Exception:
             continue
         if cc >= MIN_COMPUTE_CAPABILITY:
-            usable += 1
+            usable.append(i)
     return usable
+
+
+def cuda_device_count():
+    """Number of usable CUDA devices (0 when cupy or a driver is missing)."""
+    return len(usable_devices())
+
+
+def _device_of(X):
+    """The CUDA device index of a cupy array or cupyx matrix, else None."""
+    if X is None or not is_cupy_array(X):
+        return None
+    a = X if hasattr(X, "device") else getattr(X, "data", None)
+    dev = getattr(a, "device", None)
+    return None if dev is None else int(dev.id)
 
 
 def _why_no_cuda():
@@ -59,9 +75,10 @@ def is_cupy_array(X):
 def resolve_device(device, X=None):
     """Return ``"cpu"`` or ``"cuda:N"`` for a ``device`` parameter value.
 
-    ``"auto"`` picks the first GPU when one is usable (or when ``X`` already
-    lives on one), else the CPU.  An explicit ``"cuda"`` or ``"cuda:N"``
-    without a usable GPU raises ``ValueError`` instead of falling back.
+    ``"auto"`` picks the GPU ``X`` lives on when it is a usable one, else
+    the first usable GPU (compute capability 7.0 or newer, whatever its
+    index), else the CPU.  An explicit ``"cuda"`` or ``"cuda:N"`` without a
+    usable GPU of that index raises ``ValueError`` instead of falling back.
     """
     if not isinstance(device, str):
         raise ValueError(f"device must be {VALID_DEVICES}; got {device!r}")
@@ -69,20 +86,26 @@ def resolve_device(device, X=None):
     if dev == "cpu":
         return "cpu"
     if dev == "auto":
-        return "cuda:0" if cuda_device_count() > 0 else "cpu"
+        usable = usable_devices()
+        where = _device_of(X)
+        if where in usable:
+            return f"cuda:{where}"
+        return f"cuda:{usable[0]}" if usable else "cpu"
     m = _CUDA_RE.match(dev)
     if m is None:
         raise ValueError(f"device must be {VALID_DEVICES}; got {device!r}")
-    idx = int(m.group(1) or 0)
-    n = cuda_device_count()
+    usable = usable_devices()
+    idx = int(m.group(1)) if m.group(1) is not None else (usable[0] if usable else 0)
+    n = len(usable)
     if n == 0:
         raise ValueError(
             f"device={device!r} was requested but no usable GPU is available: "
             f"{_why_no_cuda()}. Use device='cpu' or device='auto'."
         )
-    if idx >= n:
+    if idx not in usable:
         raise ValueError(
-            f"device={device!r} was requested but only {n} usable CUDA "
-            f"device(s) exist."
+            f"device={device!r} was requested but it is not a usable CUDA device; "
+            f"the usable ones (compute capability 7.0 or newer) are "
+            f"{', '.join(f'cuda:{i}' for i in usable)}."
         )
     return f"cuda:{idx}"

@@ -80,7 +80,8 @@ _FM_PARAMS_DOC = """
         on, 0.1 below, where an epoch takes few steps (the defaults study's
         choice, :doc:`/design/defaults`); for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
-        full-batch gradient, estimated from ``X`` by power iterations.
+        full-batch gradient, estimated from ``X`` by power iterations, and at
+        least the largest share of one row's ``|x|^2`` in its mini-batch.
     max_iter : int, default=100
         Most epochs (at least 1, as scikit-learn's SGDClassifier).
     tol : float or None, default=1e-4

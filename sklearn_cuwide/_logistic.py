@@ -162,7 +162,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         ``"adagrad"``; for ``"sgd"``, ``1 / L`` with ``L`` the Lipschitz
         constant of the full-batch gradient, estimated from ``X`` by a few
         power iterations (large steps on one-hot click data, small ones on
-        dense correlated data).
+        dense correlated data), and at least the largest share of one row's
+        ``|x|^2`` in its mini-batch, so that no long row alone makes a step
+        diverge.
     shuffle : bool, default=True
         Shuffle the rows once and the order of the mini-batches every epoch.
     early_stopping : "auto" or bool, default="auto"

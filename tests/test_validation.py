@@ -643,3 +643,38 @@ def test_float16_conversion_matches_check_array():
     with pytest.raises(ValueError, match=r"Input X contains infinity or a value too "
                                          r"large for dtype\('float32'\)"):
         GPULogisticRegression(device="cpu").fit(X16, np.arange(60) % 2)
+
+
+class _Runtime:
+    """cupy.cuda.runtime with given compute capabilities per device index."""
+
+    def __init__(self, ccs):
+        self.ccs = ccs
+
+    def getDeviceCount(self):
+        return len(self.ccs)
+
+    def getDeviceProperties(self, i):
+        return {"major": self.ccs[i] // 10, "minor": self.ccs[i] % 10}
+
+
+def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch):
+    """A machine whose GPU 0 is too old for the kernels (compute capability
+    6.1) and GPU 1 is not: "auto" and "cuda" are cuda:1, "cuda:0" explains."""
+    import sys
+    import types
+
+    from sklearn_cuwide import _device
+
+    runtime = _Runtime([61, 90])
+    cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    assert _device.usable_devices() == [1] and _device.cuda_device_count() == 1
+    assert _device.resolve_device("auto") == "cuda:1"
+    assert _device.resolve_device("cuda") == "cuda:1"
+    assert _device.resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match="'cuda:0'.* not a usable CUDA device.* cuda:1"):
+        _device.resolve_device("cuda:0")
+    runtime.ccs = [61]
+    assert _device.resolve_device("auto") == "cpu"
