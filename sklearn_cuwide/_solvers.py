@@ -382,6 +382,8 @@ def fit_minibatch(
         progress.note(_early_stopping_summary(
             log_prefix, val_curve, n_iter, max_iter, n_iter_no_change, tol,
             kept_best=restore_best))
+    elif tol is not None and n_iter < int(max_iter):
+        progress.note(training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol))
     if ooc is not None:  # the host state (layout order), resident rows copied back
         out = (best_state if restored else ooc.state()).permute_features(layout.feature_rank)
     else:  # back to the user's feature order where the state is, then one copy
@@ -392,6 +394,15 @@ def fit_minibatch(
     progress.stage(f"{log_prefix}model back")
     check_finite_state(out, n_iter, params)
     return out, n_iter, loss_curve, val_curve
+
+
+def training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol):
+    """The line ``verbose`` ends a fit's epochs with when the training-loss
+    rule stopped it before ``max_iter``."""
+    text = (f"{log_prefix}stopped after epoch {n_iter}: no improvement of the training "
+            f"loss by tol={tol:g} for {n_iter_no_change} epochs; the last epoch's model "
+            f"is kept")
+    return text[0].upper() + text[1:]
 
 
 def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_change,

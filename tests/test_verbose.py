@@ -241,3 +241,38 @@ def test_early_stopping_says_why_it_stopped_and_what_it_kept(binary, capsys, max
         f"Stopped after epoch {est.n_iter_}: {why}; the model of epoch "
         f"{est.best_iteration_} (best_iteration_), validation loss "
         f"{-est.validation_score_[est.best_iteration_ - 1]:.6f}, is kept"]
+
+
+@pytest.mark.parametrize("dask", [False, True])
+def test_the_training_loss_rule_says_when_it_stopped(binary, capsys, dask):
+    """Without a validation split, a fit the training-loss rule stops before
+    max_iter says so once (one process, and the Dask estimators); one that
+    runs all max_iter epochs says nothing of the kind."""
+    X, y = binary
+    kw = dict(n_factors=2, early_stopping=False, verbose=1, tol=10.0, n_iter_no_change=2,
+              random_state=0, device="cpu")
+    if dask:
+        distributed = pytest.importorskip("distributed")
+        from sklearn_cuwide.dask import GPUFactorizationMachine as Dask
+
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client:
+            import dask.array as da
+
+            est = Dask(client=client, max_iter=50, **kw).fit(
+                da.from_array(X, chunks=(X.shape[0], X.shape[1])),
+                da.from_array(y, chunks=y.shape[0]))
+    else:
+        est = GPUFactorizationMachine(max_iter=50, **kw).fit(X, y)
+    out = capsys.readouterr().out.splitlines()
+    # a tol of 10 is never met: the first epoch sets the best, then the rule
+    # stops after 2 epochs without improving on it by tol
+    assert est.n_iter_ == 3
+    assert [ln for ln in out if ln.startswith("Stopped")] == [
+        "Stopped after epoch 3: no improvement of the training loss by tol=10 for 2 "
+        "epochs; the last epoch's model is kept"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPUFactorizationMachine(max_iter=2, **kw).fit(X, y)
+    assert not [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Stopped")]

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._backends import _concurrency
 from .._minibatch import HeadResult
-from .._solvers import _diverged, check_finite_state, fit_lbfgs_summed
+from .._solvers import _diverged, check_finite_state, fit_lbfgs_summed, training_loss_stop
 from .._state import FitProgress
 from . import _shard
 from ._data import on_workers
@@ -160,6 +160,9 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
                     no_improve[h] = 0
                 best[h] = min(best[h], ep_loss)
                 stop = no_improve[h] >= n_iter_no_change
+                if stop and epoch + 1 < max_iter:
+                    progress.note(training_loss_stop(prefix, epoch + 1, n_iter_no_change,
+                                                     tol))
             if not stop:
                 still.append(h)
         active = still
