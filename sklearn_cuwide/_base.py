@@ -385,10 +385,10 @@ def _heads_to_device(backend, heads):
 # --------------------------------------------------------------------------
 def releases_memory(method):
     """Decorate an estimator method that runs in a device scope (a fit, a
-    prediction): when it runs out of memory, the pools are released once
-    more after its frame has ended.  The scope releases them while the
-    method's frame still runs and holds its arrays (the uploaded input,
-    say), which would otherwise stay cached in the pool after the error."""
+    prediction): when it runs out of memory, the device's pools are released
+    (the error's ``_release``, set by the scope) after its frame has ended.
+    The scope cannot: the method's frame still runs there and holds its
+    arrays (the uploaded input, say), which would stay cached in the pool."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         try:

@@ -5,6 +5,7 @@ cupy is imported here only to ask whether a usable GPU exists; nothing is
 compiled and no kernel is loaded.
 """
 
+import functools
 import re
 
 __all__ = ["resolve_device", "cuda_device_count", "usable_devices", "is_cupy_array",
@@ -20,14 +21,21 @@ MIN_COMPUTE_CAPABILITY = 70
 def usable_devices():
     """Indices of the CUDA devices the kernels run on (compute capability
     7.0 or newer); empty when cupy or a driver is missing."""
+    return list(_usable_devices())
+
+
+@functools.lru_cache(maxsize=1)
+def _usable_devices():
+    # asked once per process: every fit and prediction resolves its device,
+    # and reading a device's properties is slow
     try:
         from cupy.cuda import runtime
     except Exception:
-        return []
+        return ()
     try:
         n = runtime.getDeviceCount()
     except Exception:
-        return []
+        return ()
     usable = []
     for i in range(n):
         try:
@@ -37,7 +45,7 @@ def usable_devices():
             continue
         if cc >= MIN_COMPUTE_CAPABILITY:
             usable.append(i)
-    return usable
+    return tuple(usable)
 
 
 def cuda_device_count():

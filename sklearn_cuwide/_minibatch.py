@@ -284,7 +284,8 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
     gathers.
     """
     n_val = int(np.ceil(validation_fraction * n_samples))
-    counts = None if stratify is None else np.bincount(np.asarray(stratify, dtype=np.intp))
+    labels = None if stratify is None else np.asarray(stratify, dtype=np.intp)
+    counts = None if labels is None else np.bincount(labels)
     n_classes = 1 if counts is None else int(np.count_nonzero(counts))
     if n_val < n_classes or n_samples - n_val < n_classes:
         raise ValueError(
@@ -303,7 +304,6 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
         short = n_val - int(take.sum())
         if short:  # the largest remainders get one more
             take[np.argsort(take - share, kind="stable")[:short]] += 1
-        labels = np.asarray(stratify, dtype=np.intp)
         by_class = None
         if counts.size > _SPLIT_CLASS_PASSES:
             by_class = np.argsort(labels, kind="stable")

@@ -658,7 +658,7 @@ class _Runtime:
         return {"major": self.ccs[i] // 10, "minor": self.ccs[i] % 10}
 
 
-def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch):
+def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch, request):
     """A machine whose GPU 0 is too old for the kernels (compute capability
     6.1) and GPU 1 is not: "auto" and "cuda" are cuda:1, "cuda:0" explains."""
     import sys
@@ -670,6 +670,9 @@ def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch):
     cuda = types.SimpleNamespace(runtime=runtime)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
     monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    # the devices are read once per process: forget them here and after
+    _device._usable_devices.cache_clear()
+    request.addfinalizer(_device._usable_devices.cache_clear)
     assert _device.usable_devices() == [1] and _device.cuda_device_count() == 1
     assert _device.resolve_device("auto") == "cuda:1"
     assert _device.resolve_device("cuda") == "cuda:1"
@@ -677,4 +680,5 @@ def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch):
     with pytest.raises(ValueError, match="'cuda:0'.* not a usable CUDA device.* cuda:1"):
         _device.resolve_device("cuda:0")
     runtime.ccs = [61]
+    _device._usable_devices.cache_clear()
     assert _device.resolve_device("auto") == "cpu"

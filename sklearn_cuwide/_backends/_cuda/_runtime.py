@@ -2,6 +2,7 @@
 properties and memory, and moving arrays, matrices and model states between
 the host and it."""
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -54,9 +55,11 @@ def _out_of_memory(exc):
     return None
 
 
-def release_pools():
-    """Give the memory pools' unused blocks (device and pinned) back."""
-    cp.get_default_memory_pool().free_all_blocks()
+def release_pools(device=None):
+    """Give the memory pools' unused blocks (those of GPU ``device``,
+    default the current one, and the pinned host pool) back."""
+    with cp.cuda.Device(None if device is None else device_index(device)):
+        cp.get_default_memory_pool().free_all_blocks()
     cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
@@ -70,8 +73,10 @@ def device_scope(device):
     of memory inside (see :func:`_out_of_memory`) leaves as
     :class:`~sklearn_cuwide._memory.InsufficientMemoryError`, chained to
     the original error, after the arrays of the work's finished frames are
-    dropped and the pools' unused blocks given back: the fit's device memory
-    is free again when the caller sees the error.
+    dropped.  The error carries the release of this device's pools, which
+    the estimator method takes once its own frame, which still holds arrays
+    here, has ended (:func:`sklearn_cuwide._base.releases_memory`): the fit's
+    device memory is free again when the caller sees the error.
     """
     with cp.cuda.Device(device_index(device)):
         try:
@@ -81,11 +86,8 @@ def device_scope(device):
             if where is None:
                 raise
             _memory.release_frames(exc)
-            release_pools()
             err = _memory.out_of_memory_error(exc, where)
-            # the frames still running here (the estimator method's) drop
-            # their arrays only as they end: that method releases again then
-            err._release = release_pools
+            err._release = functools.partial(release_pools, device)
             raise err from exc
 
 
