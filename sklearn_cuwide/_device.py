@@ -57,8 +57,10 @@ def _device_of(X):
     """The CUDA device index of a cupy array or cupyx matrix, else None."""
     if X is None or not is_cupy_array(X):
         return None
-    a = X if hasattr(X, "device") else getattr(X, "data", None)
-    dev = getattr(a, "device", None)
+    try:
+        dev = X.device
+    except (AttributeError, NotImplementedError):  # cupyx matrices raise the latter
+        dev = getattr(getattr(X, "data", None), "device", None)
     return None if dev is None else int(dev.id)
 
 

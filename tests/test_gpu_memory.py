@@ -149,15 +149,17 @@ def test_gpu_out_of_memory_in_a_fit_is_ours_and_freed(pool_limit, plenty):
     # the limit counts the pool's cached blocks too, and a fit reuses those
     # without asking for more: drop them, so the limit is what stays free
     pool_limit.free_all_blocks()
-    used = pool_limit.used_bytes()
+    used, total = pool_limit.used_bytes(), pool_limit.total_bytes()
     pool_limit.set_limit(size=used + (256 << 10))
     with pytest.raises(InsufficientMemoryError, match="ran out of memory during the fit") as e:
         fm.fit(X, y)
     assert isinstance(e.value.__cause__, cp.cuda.memory.OutOfMemoryError)
     assert pool_limit.used_bytes() <= used  # the fit's arrays are gone
-    # and the pool gave their blocks back (what it kept, if not)
-    assert pool_limit.free_bytes() == 0, (pool_limit.free_bytes(), pool_limit.n_free_blocks(),
-                                          pool_limit.total_bytes(), used)
+    # and the pool gave their blocks back to the device: it holds no more
+    # than before the fit (free blocks inside chunks that the fitted model's
+    # arrays still use cannot be given back, before the fit or after)
+    assert pool_limit.total_bytes() <= total, (pool_limit.total_bytes(), total,
+                                               pool_limit.free_bytes(), used)
     for k, v in before.items():
         np.testing.assert_array_equal(getattr(fm, k), v)
     pool_limit.set_limit(size=0)

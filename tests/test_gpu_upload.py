@@ -118,6 +118,7 @@ class _Stream:
         self.fake, self.non_blocking, self.eager = fake, non_blocking, eager
         self.queue, self.seq = [], 0
         self.in_flight = []  # (pinned source, bytes it had when copied, seq)
+        self.waited = {}  # stream -> the last of its work this one waited for
 
     def _enqueue(self, fn):
         self.seq += 1
@@ -151,13 +152,20 @@ class _Stream:
         # so what they wait for must have run (the host is not released)
         if ev.stream is not None and ev.stream is not self:
             ev.stream._run(ev.seq)
+            self.waited[ev.stream] = max(self.waited.get(ev.stream, -1), ev.seq)
 
     def synchronize(self):
         self._host_wait(self.seq)
 
 
 class _Dev(np.ndarray):
-    """A 'device' array: numpy with cupy's get/set."""
+    """A 'device' array: numpy with cupy's get/set.  ``alloc_seq``: the
+    compute stream's work queued when its memory was taken (a pool block
+    that work may still write)."""
+
+    def __array_finalize__(self, obj):
+        fake = _FakeCupy.current
+        self.alloc_seq = getattr(obj, "alloc_seq", fake._null.seq if fake else 0)
 
     def get(self, stream=None):
         _FakeCupy.current.trace.append("sync")
@@ -174,6 +182,8 @@ class _Dev(np.ndarray):
         assert stream is not None and stream is not fake._null, "copy not on a copy stream"
         assert stream.non_blocking, "the copy stream must be non-blocking"
         assert _is_pinned(arr), "asynchronous copy from pageable memory"
+        assert stream.waited.get(fake._null, -1) >= self.alloc_seq, (
+            "copy into a block the compute stream's queued kernels may still write")
         fake.trace.append("copy")
         fake.n_async_copies += 1
         dst, seq = self.view(np.ndarray), stream.seq + 1
@@ -219,6 +229,7 @@ class _FakeCupy:
             def f(*a, **k):
                 if name == "argsort":
                     self.trace.append("sort")
+                self._null.seq += 1  # a kernel queued on the compute stream
                 r = obj(*a, **k)
                 return r.view(_Dev) if isinstance(r, np.ndarray) else r
             return f
@@ -326,6 +337,29 @@ def test_stand_in_catches_pinned_reuse_without_host_wait(monkeypatch):
         up.build_from_host(X, _FakeCupy(), chunk_nnz=700, **kw)
 
 
+def test_copies_wait_for_the_compute_streams_queued_kernels(monkeypatch):
+    """A destination block may come from the pool while kernels queued on
+    the compute stream still write it: without the uploader's wait for that
+    stream, the stand-in rejects the copy (upload_csr's caller-given arrays
+    and build_from_host's slot buffers)."""
+    up = _upload_module()
+    X = _problem(np.random.default_rng())
+
+    class NoWait(_Stream):
+        def wait_event(self, ev):  # the compute stream's event is not waited for
+            if ev.stream is not _FakeCupy.current._null:
+                super().wait_event(ev)
+
+    for build in (lambda f: up.upload_csr(X, f, chunk_nnz=997),
+                  lambda f: up.build_from_host(X, f, chunk_nnz=700, **_kw(True, 64, 30))):
+        fake = _FakeCupy()
+        monkeypatch.setattr(fake.cuda, "Stream",
+                            lambda non_blocking=False, fake=fake: NoWait(fake, non_blocking))
+        with pytest.raises(AssertionError, match="queued kernels may still write"):
+            build(fake)
+        build(_FakeCupy())  # with the wait
+
+
 def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
     up = _upload_module()
     rng = np.random.default_rng()
@@ -376,9 +410,10 @@ def test_streamed_chunks_reach_the_kernel(resident):
     fake = _FakeCupy()
     host = (L.feat, L.row, L.val)
     most = max(b - a for a, b in bounds)
+    # the destinations are taken before the uploader (as DeviceLayout's are)
+    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
     fake.uploader = up.PinnedUploader(fake, [(most, a.dtype) for a in host],
                                       device_buffers=not resident)
-    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
     for order in (list(range(len(bounds))), rng.permutation(len(bounds)).tolist()):
         out = _stream_pass(up, fake, L, bounds, order, dev)
         for o, a in zip(out, host):
@@ -507,3 +542,40 @@ def test_gpu_stream_chunks_copies_every_chunk(resident):
     if resident:
         for d, a in zip((dl.feat, dl.row, dl.val), host):
             np.testing.assert_array_equal(d.get(), a)
+
+
+_SPIN_FILL = r"""
+extern "C" __global__ void spin_fill(int* out, long long n, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = -7;
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+def test_gpu_copy_waits_for_a_kernel_still_writing_its_block():
+    """The pool hands a block on in the compute stream's order while a kernel
+    queued there may still write it: the uploader's copy into that block
+    must start after the kernel (else the kernel's late writes replace the
+    copied data, as garbage indices once did in a fit)."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import _upload
+
+    n = 1 << 20
+    src = np.arange(n, dtype=np.int32)
+    spin = cp.RawKernel(_SPIN_FILL, "spin_fill")
+    old = cp.empty(n, dtype=cp.int32)
+    ptr = old.data.ptr
+    spin((1,), (1024,), (old, np.int64(n), np.int64(2 * 10**8)))  # 0.1-0.2 s
+    del old  # back to the pool while the kernel runs
+    dst = cp.empty(n, dtype=cp.int32)
+    assert dst.data.ptr == ptr  # the premise: the pool handed the same block on
+    up = _upload.PinnedUploader(cp, [(n, np.int32)], device_buffers=False)
+    ticket = up.stage(lambda h: np.copyto(h, src), (n,))
+    slot, _ = up.upload(ticket, into=[dst])
+    up.acquire(slot, cp.cuda.get_current_stream())
+    up.close()
+    np.testing.assert_array_equal(dst.get(), src)

@@ -682,3 +682,40 @@ def test_device_auto_picks_the_first_usable_gpu_by_index(monkeypatch, request):
     runtime.ccs = [61]
     _device._usable_devices.cache_clear()
     assert _device.resolve_device("auto") == "cpu"
+
+
+def test_device_auto_picks_the_gpu_a_cupy_input_lives_on(monkeypatch, request):
+    """"auto" follows a cupy array's ``device`` and a cupyx matrix's data's
+    (a cupyx matrix's own ``device`` raises NotImplementedError)."""
+    import sys
+    import types
+
+    from sklearn_cuwide import _device
+
+    cuda = types.SimpleNamespace(runtime=_Runtime([90, 90]))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    _device._usable_devices.cache_clear()
+    request.addfinalizer(_device._usable_devices.cache_clear)
+    on = types.SimpleNamespace
+
+    class ndarray:
+        __module__ = "cupy"
+
+        def __init__(self, i):
+            self.device = on(id=i)
+
+    class csr_matrix:
+        __module__ = "cupyx.scipy.sparse._csr"
+
+        def __init__(self, i):
+            self.data = ndarray(i)
+
+        @property
+        def device(self):
+            raise NotImplementedError
+
+    for i in (0, 1):
+        assert _device.resolve_device("auto", ndarray(i)) == f"cuda:{i}"
+        assert _device.resolve_device("auto", csr_matrix(i)) == f"cuda:{i}"
+    assert _device.resolve_device("auto", np.zeros(3)) == "cuda:0"

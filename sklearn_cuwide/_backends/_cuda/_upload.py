@@ -21,7 +21,11 @@ Events order the work:
 * ``released[s]`` (on the compute stream, after the kernels that read the
   device buffer of slot ``s`` were enqueued): the copy stream waits for it
   before overwriting that device buffer.  The events outlive a pass, so the
-  first copies of the next pass wait for the last kernels of this one.
+  first copies of the next pass wait for the last kernels of this one;
+* one event on the compute stream when the uploader is made: the memory pool
+  reuses a block in the order of the stream that freed it (the compute
+  stream), so a block handed to a destination may still be written by
+  kernels queued there, and the copy stream starts after them.
 
 Threads.  Every device call is made on the calling thread; the worker only
 runs numpy on host arrays.  ``cupy.argsort`` blocks the calling thread for
@@ -81,6 +85,10 @@ class PinnedUploader:
         if device_buffers:
             self.dev = [[xp.empty(max(int(n), 1), dtype=dt) for n, dt in specs]
                         for _ in range(2)]
+        # the pool hands out blocks that kernels still queued on the compute
+        # stream may write (it orders reuse by that stream, not this one):
+        # the copies into them start after that stream's work so far
+        self.copy.wait_event(xp.cuda.get_current_stream().record())
         self.copied = [None, None]
         self.released = [None, None]
         self._next = 0
@@ -103,9 +111,10 @@ class PinnedUploader:
     def upload(self, ticket, into=None):
         """Wait for a staged fill and start its copies on the copy stream.
 
-        ``into``: device arrays to copy into (the caller orders their reuse),
-        or ``None`` for the slot's device buffers (after the kernels that
-        last read them).  Returns ``(slot, device arrays)``, which the compute
+        ``into``: device arrays to copy into, allocated before this uploader
+        was made (its copy stream waited for the compute stream then; the
+        caller orders their reuse), or ``None`` for the slot's device buffers
+        (after the kernels that last read them).  Returns ``(slot, device arrays)``, which the compute
         stream may read once :meth:`acquire` was called for ``slot``.
         """
         s, sizes, host, done = ticket
