@@ -130,11 +130,14 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes, multiplied into ``sample_weight`` as
         scikit-learn's LogisticRegression does.
-    tol : float, default=1e-4
+    tol : float or None, default=1e-4
         ``"lbfgs"``: stop when the largest gradient entry is at most ``tol``.
         Mini-batch solvers: stop when the monitored loss (the validation
         loss with early stopping, else the training loss) has not improved
-        by ``tol`` for ``n_iter_no_change`` epochs.
+        by ``tol`` for ``n_iter_no_change`` epochs.  ``None``: no such rule;
+        ``max_iter`` iterations or epochs (L-BFGS also ends where its line
+        search can lower the objective no further), without a
+        ``ConvergenceWarning`` for reaching ``max_iter``.
     max_iter : int, default=100
         Most L-BFGS iterations, or most epochs of a mini-batch solver: at
         least 1 for them (as scikit-learn's SGDClassifier); ``"lbfgs"``
@@ -262,7 +265,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         "C": [Interval(Real, 0, None, closed="right")],
         "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
         "class_weight": [dict, StrOptions({"balanced"}), None],
-        "tol": [Interval(Real, 0, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left"), None],
         # scikit-learn's other solvers pass here so that the fit can say
         # which of ours does their work
         "solver": [StrOptions({"lbfgs", "sgd", "adagrad"}),

@@ -125,7 +125,7 @@ def fit_lbfgs_linear(
 
     progress.stage("objective")
     x, f, n_iter, converged = minimize_lbfgs(
-        counted, x0, xp, max_iter=max_iter, gtol=tol, callback=cb,
+        counted, x0, xp, max_iter=max_iter, gtol=0.0 if tol is None else tol, callback=cb,
         memory_ops=backend.lbfgs_memory_ops(),
     )
     x = np.asarray(backend.to_host(x))
@@ -142,14 +142,15 @@ def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curv
             f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
             f"{_SCALE_HINT}."
         )
-    if not converged:
+    # tol=None asks for max_iter iterations: only a failed line search warns
+    if not converged and not (tol is None and n_iter >= max_iter):
         if n_iter >= max_iter:
             why = (f"(max_iter={max_iter}). Increase max_iter, or {_SCALE_HINT}.")
         else:
-            why = ("(the line search found no step that lowers the objective, "
-                   f"whose largest gradient entry is still above tol={tol:g}). This "
-                   f"happens when X holds very large values: {_SCALE_HINT}, or "
-                   "increase tol.")
+            above = "" if tol is None else f", whose largest gradient entry is still above tol={tol:g}"
+            why = ("(the line search found no step that lowers the objective"
+                   f"{above}). This happens when X holds very large values: "
+                   f"{_SCALE_HINT}" + ("." if tol is None else ", or increase tol."))
         warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
                       ConvergenceWarning, stacklevel=3)
     coef = x[: d * D].reshape(d, D).T.copy()
@@ -525,7 +526,7 @@ def fit_lbfgs_summed(
     n_par = d * D + (D if fit_intercept else 0)
     progress.stage("objective")
     x, _, n_iter, converged = minimize_lbfgs(
-        counted, np.zeros(n_par), np, max_iter=max_iter, gtol=tol, callback=cb,
+        counted, np.zeros(n_par), np, max_iter=max_iter, gtol=0.0 if tol is None else tol, callback=cb,
     )
     return _lbfgs_result(np.asarray(x), d, D, fit_intercept, n_iter, converged, max_iter,
                          tol, curve)

@@ -543,3 +543,25 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
         assert np.array_equal(np.sort(rows), np.arange(X.shape[0]))
         starts = rows[np.flatnonzero(np.diff(rows) != 1) + 1]
         assert set(starts.tolist()) <= set(srp[bsp[:-1]].tolist())
+
+
+def test_sklearn_jobs_in_a_worker_equal_the_fit_in_this_process():
+    """A worker process gets its data from a file written at submission and
+    returns what the same job returns here; the files go with the pool."""
+    from benchmarks.systems import Jobs, sklearn_job
+
+    X, y = make_ctr_classification(600, 2**10, random_state=0)
+    spec = dict(kind="lr", X=X[:400], y=y[:400], Xt=X[400:], yt=y[400:], C=1.0, tol=1e-6,
+                max_iter=200)
+    here = sklearn_job(spec)
+    jobs = Jobs(1)
+    assert jobs.pool is not None, jobs.error
+    tmp = Path(jobs.tmp.name)
+    handle = jobs.submit(spec, key="lr")
+    assert jobs.submit(spec, key="lr") is handle and len(list(tmp.iterdir())) == 1
+    there = jobs.result(handle, timeout=120)
+    jobs.close()
+    assert "error" not in there and "note" not in there, there
+    np.testing.assert_allclose(there["coef"], here["coef"], rtol=1e-6, atol=1e-9)
+    assert there["test_auc"] == pytest.approx(here["test_auc"])
+    assert not tmp.exists()

@@ -398,9 +398,9 @@ def test_interrupted_stream_drains_its_copies(resident, how):
     bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
     host = tuple(a.view(_SlowHost) for a in (L.feat, L.row, L.val))
     fake = _FakeCupy()
+    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
     uploader = up.PinnedUploader(fake, [(max(b - a for a, b in bounds), a.dtype)
                                         for a in host], device_buffers=not resident)
-    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
     _SlowHost.filled = []
     gen = up.stream_chunks(uploader, host, bounds, list(range(5)), fake._null, resident=dev)
     next(gen)

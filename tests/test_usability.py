@@ -209,11 +209,29 @@ def test_max_iter_reached_warns_as_sgdclassifier(est):
     # no stopping rule, partial_fit, or a fit the rule stopped: no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        if "n_factors" in est.get_params():  # the FMs take tol=None
-            est.set_params(tol=None).fit(X, y)
+        est.set_params(tol=None).fit(X, y)  # the warning's advice is accepted
+        assert np.max(est.n_iter_) == 2
         est.set_params(tol=1e-4).partial_fit(X, y)
         est.set_params(max_iter=500, tol=1e-4).fit(X, y)
         assert np.max(est.n_iter_) < 500
+
+
+def test_lbfgs_tol_none_runs_max_iter_without_a_warning():
+    """tol=None: no gradient rule, max_iter iterations and no warning for
+    them; the same fit with a tol warns; the coefficients are those of the
+    same number of iterations with tol=0."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    from sklearn_cuwide import GPULogisticRegression
+
+    X, y = make_sparse_problem(2, n_samples=400)
+    with pytest.warns(ConvergenceWarning, match="max_iter=3"):
+        ref = GPULogisticRegression(device="cpu", tol=0.0, max_iter=3).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        got = GPULogisticRegression(device="cpu", tol=None, max_iter=3).fit(X, y)
+    assert list(got.n_iter_) == [3]
+    np.testing.assert_array_equal(got.coef_, ref.coef_)
 
 
 # --------------------------------------------------------------------------
