@@ -267,14 +267,17 @@ def test_encode_labels_is_np_unique(y):
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("int64", [False, True])
 @pytest.mark.parametrize("chunk_nnz", [1, 997, 10**9])
-def test_chunked_csr_upload_copies_the_matrix_as_it_is(int64, chunk_nnz):
+@pytest.mark.parametrize("fill_threads", [1, 3, None])
+def test_chunked_csr_upload_copies_the_matrix_as_it_is(int64, chunk_nnz, fill_threads):
     """upload_csr: the CSR's arrays on the device, unsorted and unsummed as
     the user gave them, in contiguous chunks through the pinned double
-    buffer (every chunk's copy waited for before the arrays are read)."""
+    buffer (every chunk's copy waited for before the arrays are read), each
+    chunk's fill split over threads."""
     up = _upload_module()
     X = _problem(np.random.default_rng(2), int64=int64)
     fake = _FakeCupy()
-    indptr, indices, data = up.upload_csr(X, fake, chunk_nnz=chunk_nnz)
+    indptr, indices, data = up.upload_csr(X, fake, chunk_nnz=chunk_nnz,
+                                          fill_threads=fill_threads)
     n_chunks = -(-X.nnz // chunk_nnz)
     assert fake.n_async_copies == 2 * n_chunks
     (copy,) = fake.streams
@@ -283,6 +286,20 @@ def test_chunked_csr_upload_copies_the_matrix_as_it_is(int64, chunk_nnz):
     np.testing.assert_array_equal(np.asarray(indptr), X.indptr)
     np.testing.assert_array_equal(np.asarray(indices), X.indices)
     np.testing.assert_array_equal(np.asarray(data), X.data)
+
+
+def test_split_copy_covers_every_item_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    up = _upload_module()
+    rng = np.random.default_rng(4)
+    with ThreadPoolExecutor(3) as pool:
+        for n, parts in ((0, 3), (2, 5), (7, 3), (1000, 8), (1001, 1)):
+            a, b = rng.integers(0, 99, n), rng.random(n)
+            da, db = np.full(n, -1), np.full(n, -1.0)
+            up.split_copy(pool, [(da, a), (db, b)], parts)
+            np.testing.assert_array_equal(da, a)
+            np.testing.assert_array_equal(db, b)
 
 
 def test_chunked_csr_upload_needs_the_wait(monkeypatch):
