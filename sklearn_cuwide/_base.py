@@ -32,7 +32,7 @@ from ._minibatch import COMPUTE_DTYPE, Schedule, penalty_is_scaled, uses_validat
 from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
-from ._validation import check_sparse_structure
+from ._validation import check_sparse_structure, surely_finite
 
 __all__ = []
 
@@ -140,6 +140,7 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
             dtype=DTYPES,
             accept_large_sparse=True,
             y_numeric=y_numeric,
+            ensure_all_finite=not surely_finite(X),
         )
         sw_like = X
     sw = _check_sample_weight(
@@ -176,6 +177,7 @@ def _check_predict_data(est, X, backend):
         accept_sparse=ACCEPT_SPARSE,
         dtype=DTYPES,
         accept_large_sparse=True,
+        ensure_all_finite=not surely_finite(X),
     )
 
 

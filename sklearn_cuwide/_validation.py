@@ -35,9 +35,57 @@ less than scikit-learn's finiteness check of its values, or scipy's
 the check fails.  Unsorted indices and duplicates are valid:
 :func:`sklearn_cuwide._sparse.canonical_csr` makes them canonical
 afterwards, in a copy.
+
+On the host, a pass over a large array (this reduction, and
+:func:`surely_finite` before scikit-learn's finiteness check) runs in
+pieces on up to :data:`HOST_THREADS` threads: numpy releases the GIL while
+it reduces, and these passes read every nonzero of the user's data.
 """
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+
+#: threads of a host pass over a large array
+HOST_THREADS = max(1, min(8, os.cpu_count() or 1))
+#: arrays of fewer items take one pass on the calling thread (a piece
+#: handed to a thread costs tens of microseconds)
+PARALLEL_MIN_ITEMS = 1 << 22
+
+
+@functools.lru_cache(maxsize=1)
+def _host_pool():
+    return ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="cuwide-check")
+
+
+def host_reduce(func, a, combine):
+    """``combine([func(piece), ...])`` over contiguous pieces of the 1-D
+    numpy array ``a`` (``func`` a reduction that ``combine`` can merge:
+    ``max`` of maxima, ``all`` of booleans), on :data:`HOST_THREADS`
+    threads when ``a`` has at least :data:`PARALLEL_MIN_ITEMS` items."""
+    n = int(a.shape[0])
+    k = HOST_THREADS if n >= PARALLEL_MIN_ITEMS else 1
+    if k == 1:
+        return combine([func(a)])
+    cuts = [n * i // k for i in range(k + 1)]
+    return combine(list(_host_pool().map(func, [a[i:j] for i, j in zip(cuts[:-1], cuts[1:])])))
+
+
+def surely_finite(X):
+    """True when every value of ``X`` (a scipy sparse matrix's ``data``, or a
+    numpy array) is finite, by the sum of each piece (a NaN or an infinity
+    makes it non-finite); False when that is not sure (a non-finite value,
+    a sum that overflows, another type): scikit-learn's own check then
+    decides and words the error."""
+    a = getattr(X, "data", X) if hasattr(X, "format") else X
+    if not isinstance(a, np.ndarray) or a.dtype not in (np.float32, np.float64):
+        return False
+    a = a.reshape(-1) if a.flags.c_contiguous else None
+    if a is None:
+        return False
+    return bool(host_reduce(lambda p: np.isfinite(p.sum()), a, all))
 
 __all__ = ["check_sparse_structure", "CHECKED_FORMATS", "index_width_message"]
 
@@ -163,7 +211,11 @@ def _exceeds(xp, a, n):
     the integer array ``a`` (not empty) is outside ``[0, n)``.  One reduction
     (a maximum), no temporary array."""
     u, bound = _unsigned_bound(a, n)
-    return None if bound is None else xp.max(u) >= bound
+    if bound is None:
+        return None
+    if xp is np:
+        return host_reduce(np.max, u, max) >= bound
+    return xp.max(u) >= bound
 
 
 def _outside(a, n):

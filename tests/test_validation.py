@@ -719,3 +719,56 @@ def test_device_auto_picks_the_gpu_a_cupy_input_lives_on(monkeypatch, request):
         assert _device.resolve_device("auto", ndarray(i)) == f"cuda:{i}"
         assert _device.resolve_device("auto", csr_matrix(i)) == f"cuda:{i}"
     assert _device.resolve_device("auto", np.zeros(3)) == "cuda:0"
+
+
+def test_host_passes_in_pieces_equal_one_pass(monkeypatch):
+    """The structure check's reduction and the finiteness pre-check split a
+    large array over threads: same answers as one pass, wherever the bad
+    entry lies (first, last, a piece's edge)."""
+    from sklearn_cuwide import _validation as v
+
+    monkeypatch.setattr(v, "PARALLEL_MIN_ITEMS", 16)
+    monkeypatch.setattr(v, "HOST_THREADS", 3)
+    rng = np.random.default_rng(0)
+    n = 1000
+    cuts = [n * i // 3 for i in range(4)]
+    for where in (0, n - 1, cuts[1], cuts[1] - 1, cuts[2], 500):
+        idx = rng.integers(0, 50, n).astype(np.int32)
+        assert not v._exceeds(np, idx, 50)
+        idx[where] = 50
+        assert v._exceeds(np, idx, 50)
+        idx[where] = -1
+        assert v._exceeds(np, idx, 50)
+        for dtype in (np.float32, np.float64):
+            X = sp.random(40, 25, density=1.0, format="csr", dtype=dtype, random_state=1)
+            assert v.surely_finite(X) and v.surely_finite(X.toarray())
+            for bad in (np.nan, np.inf, -np.inf):
+                Y = X.copy()
+                Y.data[where] = bad
+                assert not v.surely_finite(Y) and not v.surely_finite(Y.toarray())
+    # not sure: a sum that overflows, other dtypes, non-contiguous arrays
+    big = np.full(100, np.finfo(np.float32).max, dtype=np.float32)
+    assert not v.surely_finite(big)
+    assert not v.surely_finite(np.ones(100, dtype=np.float16))
+    assert not v.surely_finite(np.ones((10, 10))[:, ::2])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_errors_are_scikit_learns_with_the_pieces(monkeypatch, bad):
+    from sklearn.linear_model import LogisticRegression
+
+    from sklearn_cuwide import _validation as v
+
+    monkeypatch.setattr(v, "PARALLEL_MIN_ITEMS", 16)
+    X = sp.random(200, 30, density=0.3, format="csr", dtype=np.float32, random_state=2)
+    y = np.arange(200) % 2
+    X.data[-1] = bad
+    with pytest.raises(ValueError) as ref:
+        LogisticRegression().fit(X, y)
+    with pytest.raises(ValueError) as got:
+        GPULogisticRegression(device="cpu").fit(X, y)
+    assert str(got.value).replace("GPULogisticRegression", "LogisticRegression") == str(
+        ref.value)
+    fitted = GPULogisticRegression(device="cpu").fit(X[:-1], y[:-1])
+    with pytest.raises(ValueError, match="NaN|infinity"):
+        fitted.predict(X)
