@@ -289,8 +289,15 @@ class ModelState:
         """This state (user feature order) on ``backend``'s device in the
         layout's feature order ``order`` (``order[new] = old``): the arrays
         permuted, and factors not drawn yet (``factor_init``) drawn there,
-        directly in that order (Adagrad's sums of them zero)."""
-        dev = backend.put_state(self.permute_features(order))
+        directly in that order (Adagrad's sums of them zero).  Arrays of
+        zeros (a fresh fit's weights and sums) are made there instead:
+        permuting and copying zeros is a host pass and a transfer for
+        nothing."""
+        zero = {k: getattr(self, k) for k in ("w", "V", "gw", "gV")
+                if getattr(self, k) is not None and not getattr(self, k).any()}
+        dev = backend.put_state(replace(self, **dict.fromkeys(zero)).permute_features(order))
+        for k, a in zero.items():
+            setattr(dev, k, backend.xp.zeros(a.shape, dtype=a.dtype))
         if self.factor_init is None:
             return dev
         seed, scale, k = self.factor_init

@@ -197,6 +197,30 @@ def test_counter_normal_is_a_standard_normal():
     assert abs(np.corrcoef(z, other)[0, 1]) < 5 / np.sqrt(n)
 
 
+def test_zero_arrays_are_made_where_the_state_goes_not_permuted():
+    """put_in_layout_order: arrays of zeros reach the backend as new zeros
+    (nothing permuted or copied), the others permuted; the same state as
+    the permutation of every array."""
+    import types
+
+    from sklearn_cuwide._backends import _cpu
+
+    rng = np.random.default_rng(1)
+    order = rng.permutation(500).astype(np.int64)
+    st = ModelState.zeros(500, 2, 4, adagrad=True, init_scale=0.1, random_state=3)
+    st.w[rng.integers(0, 500, 20)] = rng.normal(size=(20, 2))  # a warm start's weights
+    given = []
+    backend = types.SimpleNamespace(
+        xp=np, put_state=lambda s: given.append(sorted(s.arrays())) or _cpu.put_state(s))
+    got = st.put_in_layout_order(order, backend)
+    assert given == [sorted(["w", "b", "V", "gb"])]  # gw and gV: zeros, not passed
+    ref = st.permute_features(order)
+    for k in ("w", "b", "V", "gw", "gV", "gb"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=k)
+        assert getattr(got, k).dtype == getattr(ref, k).dtype
+    assert got.gw is not st.gw and got.gw.flags.c_contiguous
+
+
 def test_factors_drawn_in_layout_order_are_the_user_orders_permuted():
     """put_in_layout_order draws the factors in the layout's order where the
     state goes: the rows of the eager user-order draw, permuted, bit for bit;
