@@ -223,8 +223,8 @@ def build_site(nnz, n_rows, index_itemsize, value_itemsize, budget, *, on_device
 
 
 #: host threads that fill a pinned slot with a run of nonzeros: one core's
-#: copy out of pageable memory bounds the upload (about 6 GB/s on the H200's
-#: host, against 55 GB/s for the copy engine from pinned memory)
+#: copy out of pageable memory is slower than the copy engine's from pinned
+#: memory (docs/design/layout_build.rst)
 FILL_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
