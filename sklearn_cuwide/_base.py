@@ -544,9 +544,11 @@ def check_weight_range(sw):
     raise ValueError(
         f"sample_weight (times class_weight) holds {what}, and the model is "
         "computed in float32. Multiply the weights by a common factor k, e.g. "
-        "sample_weight / sample_weight.max(): only their ratios matter to the "
-        "factorization machines, and logistic regression gives the same model "
-        "with C divided by k."
+        "sample_weight / sample_weight.max(): logistic regression gives the same "
+        "model with C divided by k, and the factorization machines with alpha and "
+        "beta given as numbers (their 'auto' values, 1 / S and m / S for the "
+        "weights' sum S and the mean nonzeros per row m, would weaken by k: pass "
+        "the values of the original weights with scale_penalty=True)."
     )
 
 

@@ -249,13 +249,22 @@ def _warn_blown_up(blown_up, params):
 
 def _blown_up_message(which, last, base, more, params):
     # the loss stayed finite (a non-finite one raises "diverged"): say how far
-    # it ended from a constant prediction's, and the usual cause, unscaled X
+    # it ended from a constant prediction's, and the two causes, the first
+    # for the solver: adagrad's steps are the rate whatever X's scale, sgd's
+    # scale with X
+    lower = (f"lower learning_rate (e.g. learning_rate={params.learning_rate / 3:.2g}, "
+             "or run more epochs: the first ones of a fit with few mini-batches "
+             "overshoot most)")
+    scale = f"if the features are large or unscaled, {_SCALE_HINT}"
+    causes = (f"its steps are too large for these data: {lower}; or, {scale}"
+              if params.solver == "adagrad" else
+              f"usually because the features are large or unscaled: {_SCALE_HINT}; "
+              f"or {lower}")
     return (
         f"The training loss of the last epoch{which} ended at {last:.4g}, far "
         f"above the {base:.4g} of a constant prediction{more}: the model is worse "
         f"than predicting a constant (solver={params.solver!r}, learning_rate="
-        f"{params.learning_rate:.3g}), usually because the features are large or "
-        f"unscaled: {_SCALE_HINT}, or lower learning_rate."
+        f"{params.learning_rate:.3g}): {causes}."
     )
 
 

@@ -655,3 +655,16 @@ def test_gpu_fm_class_weight_equals_sample_weight(binary):
     b = GPUFactorizationMachine(**kw).fit(X, y, sample_weight=np.array([cw[c] for c in y]))
     assert_allclose(a.factors_, b.factors_, rtol=1e-4, atol=1e-6)
 
+
+
+def test_blown_up_adagrad_names_its_step_first():
+    """Adagrad's steps are its rate whatever the features' scale: a first
+    epoch that overshoots (few mini-batches, many nonzeros a row) is blamed
+    on the step, with a smaller one to try, before scaling."""
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(3000, 2**10, random_state=0)
+    with pytest.warns(ConvergenceWarning,
+                      match=r"steps are too large for these data: lower learning_rate "
+                            r"\(e\.g\. learning_rate=0\.033.*scale the features"):
+        GPUFactorizationMachine(device="cpu", max_iter=1, tol=None, random_state=0).fit(X, y)
