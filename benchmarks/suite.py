@@ -441,8 +441,9 @@ def _notes(cfg, sk_workers):
         f"synthetic data ({cfg['sgd_rows']:,} for SGDClassifier; all rows of the real datasets)"
         "; our lbfgs runs on the same rows for the fit-time ratio and the coefficients"
         + (f"; the fits ran in {sk_workers} worker process(es) beside the GPU parts, "
-           f"each on one of the last {sk_workers} CPU cores with one thread, their data "
-           "read from files written before the timed work" if sk_workers else "") + ".",
+           f"on the last {sk_workers} CPU cores with one thread each (the main process on "
+           "the others, where there are more), their data read from files written "
+           "before the timed work" if sk_workers else "") + ".",
         "x ours: a system's time per row of an epoch over ours (LR: ours LR adagrad; FM: ours FM "
         "adagrad concurrency=max); above 1 is slower than ours.",
         "End to end: fit s is the wall-clock from a scipy CSR in host memory to the fitted "

@@ -417,18 +417,33 @@ def sklearn_job(spec):
     return out
 
 
-def _worker_start(n_workers):
-    """A worker process keeps to the last ``n_workers`` CPU cores with one
-    BLAS/OpenMP thread: the timed fits of the main process keep the others
-    (scikit-learn's lbfgs and SGD use one core for these models)."""
+def _split_cores(n_workers):
+    """``(the main process's cores, the workers')``: the last ``n_workers``
+    of this process's cores for the workers, when more are left for the
+    main process; ``None`` where they cannot be split (too few cores, no
+    affinity on this system)."""
     import os
 
     try:
         cores = sorted(os.sched_getaffinity(0))
-        if len(cores) > n_workers:
-            os.sched_setaffinity(0, cores[-n_workers:])
     except (AttributeError, OSError):  # not Linux
-        pass
+        return None
+    if len(cores) <= n_workers:
+        return None
+    return cores[:-n_workers], cores[-n_workers:]
+
+
+def _worker_start(cores):
+    """A worker process keeps to ``cores`` (None: wherever it is) with one
+    BLAS/OpenMP thread (scikit-learn's lbfgs and SGD use one core for these
+    models)."""
+    import os
+
+    if cores is not None:
+        try:
+            os.sched_setaffinity(0, cores)
+        except (AttributeError, OSError):
+            pass
     try:
         from threadpoolctl import threadpool_limits
 
@@ -449,26 +464,35 @@ class Jobs:
     """scikit-learn fits: at once (``workers=0``) or in spawned worker
     processes (no GPU state inherited) while the GPU parts run.
 
-    Rule: a worker costs the timed work of the main process nothing but its
-    own cores.  Why: the data reaches it through a file the main process
-    writes at submission, before any timing (a pipe is fed by a thread of
-    the main process while the GPU fits run, and holds its lock), and it
-    runs on its own cores with one thread (:func:`_worker_start`)."""
+    Rule: the workers and the timed work of the main process share no core
+    and no lock.  Why: the data reaches a worker through a file the main
+    process writes at submission, before any timing (a pipe is fed by a
+    thread of the main process while the GPU fits run, and holds its lock);
+    the workers run on the last ``workers`` cores with one thread each, the
+    main process on the others (:func:`_split_cores`; where they cannot be
+    split, as they come)."""
 
     def __init__(self, workers):
         self.pool = None
         self.error = None
         self.cache = {}
         self.tmp = None
+        self.cores = None
         if workers > 0:
             try:
                 import multiprocessing as mp
+                import os
                 import tempfile
                 from concurrent.futures import ProcessPoolExecutor
 
                 ctx = mp.get_context("spawn")
-                self.pool = ProcessPoolExecutor(workers, mp_context=ctx,
-                                                initializer=_worker_start, initargs=(workers,))
+                split = _split_cores(workers)
+                if split is not None:
+                    os.sched_setaffinity(0, split[0])
+                self.cores = split
+                self.pool = ProcessPoolExecutor(
+                    workers, mp_context=ctx, initializer=_worker_start,
+                    initargs=(None if split is None else split[1],))
                 self.tmp = tempfile.TemporaryDirectory(prefix="cuwide-bench-")
             except Exception as exc:  # run them here instead
                 self.error = err_text(exc)
@@ -524,6 +548,10 @@ class Jobs:
         self.pool.shutdown(wait=not kill, cancel_futures=True)
         if self.tmp is not None:
             self.tmp.cleanup()
+        if self.cores is not None:  # the main process's cores back
+            import os
+
+            os.sched_setaffinity(0, self.cores[0] + self.cores[1])
 
 
 # --------------------------------------------------------------------------

@@ -135,9 +135,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         Mini-batch solvers: stop when the monitored loss (the validation
         loss with early stopping, else the training loss) has not improved
         by ``tol`` for ``n_iter_no_change`` epochs.  ``None``: no such rule;
-        ``max_iter`` iterations or epochs (L-BFGS also ends where its line
-        search can lower the objective no further), without a
-        ``ConvergenceWarning`` for reaching ``max_iter``.
+        ``max_iter`` epochs, or for L-BFGS at most ``max_iter`` iterations
+        (it also ends where the objective no longer decreases: a relative
+        decrease below 64 machine epsilons, or a line search that finds no
+        lower point), without a ``ConvergenceWarning`` for reaching
+        ``max_iter``.
     max_iter : int, default=100
         Most L-BFGS iterations, or most epochs of a mini-batch solver: at
         least 1 for them (as scikit-learn's SGDClassifier); ``"lbfgs"``

@@ -42,22 +42,50 @@ pieces on up to :data:`HOST_THREADS` threads: numpy releases the GIL while
 it reduces, and these passes read every nonzero of the user's data.
 """
 
-import functools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+
+def usable_cores():
+    """The CPU cores this process may run on (its affinity where the system
+    tells it, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 #: threads of a host pass over a large array
-HOST_THREADS = max(1, min(8, os.cpu_count() or 1))
+HOST_THREADS = min(8, usable_cores())
 #: arrays of fewer items take one pass on the calling thread (a piece
 #: handed to a thread costs tens of microseconds)
 PARALLEL_MIN_ITEMS = 1 << 22
 
+_pool = None
+_pool_lock = threading.Lock()
 
-@functools.lru_cache(maxsize=1)
+
 def _host_pool():
-    return ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="cuwide-check")
+    """The process's pool of :data:`HOST_THREADS` threads, made once."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=HOST_THREADS,
+                                       thread_name_prefix="cuwide-check")
+        return _pool
+
+
+def _forget_pool_in_child():
+    # a forked child inherits the pool but not its threads: a new one there
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def host_reduce(func, a, combine):
@@ -85,7 +113,14 @@ def surely_finite(X):
     a = a.reshape(-1) if a.flags.c_contiguous else None
     if a is None:
         return False
-    return bool(host_reduce(lambda p: np.isfinite(p.sum()), a, all))
+    return bool(host_reduce(_finite_sum, a, all))
+
+
+def _finite_sum(a):
+    # an overflowing sum of finite values, or inf - inf, is a "not sure", not
+    # a warning (errstate is per thread: set here, in the piece's thread)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum()))
 
 __all__ = ["check_sparse_structure", "CHECKED_FORMATS", "index_width_message"]
 

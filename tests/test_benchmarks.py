@@ -565,3 +565,12 @@ def test_sklearn_jobs_in_a_worker_equal_the_fit_in_this_process():
     np.testing.assert_allclose(there["coef"], here["coef"], rtol=1e-6, atol=1e-9)
     assert there["test_auc"] == pytest.approx(here["test_auc"])
     assert not tmp.exists()
+
+
+def test_worker_and_main_cores_are_split(monkeypatch):
+    from benchmarks import systems
+
+    os_mod = __import__("os")
+    monkeypatch.setattr(os_mod, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    assert systems._split_cores(3) == ([0, 1], [2, 3, 4])
+    assert systems._split_cores(5) is None

@@ -772,3 +772,44 @@ def test_non_finite_errors_are_scikit_learns_with_the_pieces(monkeypatch, bad):
     fitted = GPULogisticRegression(device="cpu").fit(X[:-1], y[:-1])
     with pytest.raises(ValueError, match="NaN|infinity"):
         fitted.predict(X)
+
+
+def _finite_in_child(n):
+    from sklearn_cuwide import _validation as v
+
+    v.PARALLEL_MIN_ITEMS = 16
+    return v.surely_finite(np.ones(n, dtype=np.float32))
+
+
+def test_host_passes_work_in_a_forked_child(monkeypatch):
+    """A child forked after the parent's threaded pass (multiprocessing's
+    fork, joblib's multiprocessing backend) gets a pool of its own: the
+    inherited one has no threads there and would wait forever."""
+    import multiprocessing as mp
+
+    from sklearn_cuwide import _validation as v
+
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    monkeypatch.setattr(v, "PARALLEL_MIN_ITEMS", 16)
+    assert v.surely_finite(np.ones(1000, dtype=np.float32))  # the parent's pool runs
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_finite_in_child, (1000,)).get(timeout=60)
+
+
+def test_finiteness_pre_check_warns_nothing(monkeypatch):
+    """Finite values whose sum overflows, and +inf with -inf: "not sure",
+    without numpy's RuntimeWarnings (a fit under -W error must not fail)."""
+    import warnings
+
+    from sklearn_cuwide import _validation as v
+
+    monkeypatch.setattr(v, "PARALLEL_MIN_ITEMS", 16)
+    big = np.full(1000, 3e38, dtype=np.float32)
+    both = np.ones(1000)
+    both[[10, 900]] = [np.inf, -np.inf]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not v.surely_finite(big) and not v.surely_finite(both)
+        X = sp.csr_matrix(np.c_[np.full(40, 3e38), np.ones(40)].astype(np.float32))
+        GPULogisticRegression(device="cpu", max_iter=2, tol=None).fit(X, np.arange(40) % 2)

@@ -37,12 +37,12 @@ cupy.  Why: the CPU tests drive it with a numpy stand-in whose copies are
 deferred until waited for, which checks the event ordering without a GPU.
 """
 
-import os
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
 from ... import _layout
+from ..._validation import usable_cores
 
 __all__ = ["PinnedUploader", "build_site", "split_copy", "upload_csr", "build_on_device",
            "build_from_host", "stream_chunks"]
@@ -225,7 +225,7 @@ def build_site(nnz, n_rows, index_itemsize, value_itemsize, budget, *, on_device
 #: host threads that fill a pinned slot with a run of nonzeros: one core's
 #: copy out of pageable memory is slower than the copy engine's from pinned
 #: memory (docs/design/layout_build.rst)
-FILL_THREADS = max(1, min(8, os.cpu_count() or 1))
+FILL_THREADS = min(8, usable_cores())
 
 
 def split_copy(pool, pairs, n_parts):
@@ -271,24 +271,24 @@ def upload_csr(X, xp, *, chunk_nnz=1 << 22, fill_threads=None):
     up = PinnedUploader(xp, [(most, indices.dtype), (most, data.dtype)], device_buffers=False)
     compute = xp.cuda.get_current_stream()
     n_fill = max(1, int(FILL_THREADS if fill_threads is None else fill_threads))
-    pool = ThreadPoolExecutor(max_workers=n_fill, thread_name_prefix="cuwide-fill")
 
-    def stage(a, b):
-        def fill(idx, val):
-            split_copy(pool, [(idx, indices[a:b]), (val, data[a:b])], n_fill)
+    with ThreadPoolExecutor(max_workers=n_fill, thread_name_prefix="cuwide-fill") as pool:
 
-        return up.stage(fill, (b - a, b - a))
+        def stage(a, b):
+            def fill(idx, val):
+                split_copy(pool, [(idx, indices[a:b]), (val, data[a:b])], n_fill)
 
-    try:
-        ticket = stage(*bounds[0])
-        for k, (a, b) in enumerate(bounds):
-            slot, _ = up.upload(ticket, into=[d_indices[a:b], d_data[a:b]])
-            up.acquire(slot, compute)
-            if k + 1 < len(bounds):  # the worker fills the other slot meanwhile
-                ticket = stage(*bounds[k + 1])
-    finally:
-        up.close()  # every copy done: the pinned buffers may go
-        pool.shutdown(wait=True)
+            return up.stage(fill, (b - a, b - a))
+
+        try:
+            ticket = stage(*bounds[0])
+            for k, (a, b) in enumerate(bounds):
+                slot, _ = up.upload(ticket, into=[d_indices[a:b], d_data[a:b]])
+                up.acquire(slot, compute)
+                if k + 1 < len(bounds):  # the worker fills the other slot meanwhile
+                    ticket = stage(*bounds[k + 1])
+        finally:
+            up.close()  # every copy done: the pinned buffers may go
     return d_indptr, d_indices, d_data
 
 
