@@ -244,6 +244,8 @@ def _setting(r):
     if r.get("optimizer"):
         return f"{r['optimizer']}, batch {r['batch_size']:,}, rate {r['learning_rate']:g}"
     st = r.get("settings") or {}
+    if isinstance(st, str):  # scikit-learn's fits say theirs in words
+        return st
     return ", ".join(f"{k}={st[k]}" for k in ("solver", "concurrency", "n_factors")
                      if k in st)
 
@@ -353,7 +355,9 @@ def _md_systems(res, part, title):
 
 
 REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_scaled", "est_lr_lbfgs", "sk_lr",
-                "torch_lr", "torch_fm", "ours_fm_reg", "est_fm_reg", "sk_ridge")
+                "est_lr_default", "est_fm_default", "sk_lr_default", "sk_lr_best",
+                "torch_lr", "torch_fm", "ours_fm_reg", "est_fm_reg", "est_fm_reg_default",
+                "sk_ridge")
 
 
 def _md_real_summary(block):

@@ -175,7 +175,7 @@ def run_dataset(ctx, data, jobs, fl, *, real):
     if not ctx.skipped("sklearn"):
         specs = sklearn_specs(data, epochs=cfg["real_epochs"] if real else cfg["epochs"],
                               sk_rows=data.n if real else cfg["sk_rows"],
-                              sgd_rows=data.n if real else cfg["sgd_rows"])
+                              sgd_rows=data.n if real else cfg["sgd_rows"], real=real)
         for sid, (rows, spec) in specs.items():
             if ctx.left() > 0:
                 pending[sid] = jobs.submit(spec, key=(data.base or data.key, rows, sid))

@@ -574,3 +574,29 @@ def test_worker_and_main_cores_are_split(monkeypatch):
     monkeypatch.setattr(os_mod, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
     assert systems._split_cores(3) == ([0, 1], [2, 3, 4])
     assert systems._split_cores(5) is None
+
+
+def test_sklearn_peers_of_our_defaults():
+    """On the real (binary) datasets the harness adds LogisticRegression()
+    at its defaults and at the C a validation split of the training rows
+    picks (refitted on all of them): the same models as fitted here."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from benchmarks.data import Data
+    from benchmarks.systems import SK_C_GRID, _lr_best_c, sklearn_job, sklearn_specs
+
+    X, y = make_ctr_classification(1500, 2**10, random_state=1)
+    data = Data("t", "binary", X[:1200], y[:1200], X[1200:], y[1200:], source="real")
+    specs = sklearn_specs(data, epochs=1, sk_rows=1200, sgd_rows=1200, real=True)
+    assert {"sk_lr_default", "sk_lr_best"} <= set(specs)
+    assert "sk_lr_best" not in sklearn_specs(data, epochs=1, sk_rows=1200, sgd_rows=1200)
+    got = sklearn_job(specs["sk_lr_default"][1])
+    ref = LogisticRegression().fit(X[:1200], y[:1200]).decision_function(X[1200:])
+    assert got["test_auc"] == pytest.approx(roc_auc_score(y[1200:], ref))
+    best = sklearn_job(specs["sk_lr_best"][1])
+    c = _lr_best_c(X[:1200], y[:1200], SK_C_GRID, 0)
+    assert c in SK_C_GRID and best["settings"].startswith(f"C={c:g} ")
+    ref = LogisticRegression(C=c, max_iter=1000).fit(X[:1200], y[:1200])
+    assert best["test_auc"] == pytest.approx(roc_auc_score(y[1200:],
+                                                           ref.decision_function(X[1200:])))
