@@ -252,8 +252,8 @@ def _blown_up_message(which, last, base, more, params):
     # it ended from a constant prediction's, and the two causes, the first
     # for the solver: adagrad's steps are the rate whatever X's scale, sgd's
     # scale with X
-    lower = (f"lower learning_rate (e.g. learning_rate={params.learning_rate / 3:.2g}, "
-             "or run more epochs: the first ones of a fit with few mini-batches "
+    lower = (f"lower learning_rate (e.g. learning_rate={params.learning_rate / 3:.2g}) "
+             "or run more epochs (the first epochs of a fit with few mini-batches "
              "overshoot most)")
     scale = f"if the features are large or unscaled, {_SCALE_HINT}"
     causes = (f"its steps are too large for these data: {lower}; or, {scale}"

@@ -666,5 +666,6 @@ def test_blown_up_adagrad_names_its_step_first():
     X, y = make_ctr_classification(3000, 2**10, random_state=0)
     with pytest.warns(ConvergenceWarning,
                       match=r"steps are too large for these data: lower learning_rate "
-                            r"\(e\.g\. learning_rate=0\.033.*scale the features"):
+                            r"\(e\.g\. learning_rate=0\.033\) or run more epochs.*"
+                            r"scale the features"):
         GPUFactorizationMachine(device="cpu", max_iter=1, tol=None, random_state=0).fit(X, y)
