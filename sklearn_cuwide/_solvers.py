@@ -147,7 +147,8 @@ def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curv
         if n_iter >= max_iter:
             why = (f"(max_iter={max_iter}). Increase max_iter, or {_SCALE_HINT}.")
         else:
-            above = "" if tol is None else f", whose largest gradient entry is still above tol={tol:g}"
+            above = ("" if tol is None else
+                     f", whose largest gradient entry is still above tol={tol:g}")
             why = ("(the line search found no step that lowers the objective"
                    f"{above}). This happens when X holds very large values: "
                    f"{_SCALE_HINT}" + ("." if tol is None else ", or increase tol."))
@@ -526,7 +527,8 @@ def fit_lbfgs_summed(
     n_par = d * D + (D if fit_intercept else 0)
     progress.stage("objective")
     x, _, n_iter, converged = minimize_lbfgs(
-        counted, np.zeros(n_par), np, max_iter=max_iter, gtol=0.0 if tol is None else tol, callback=cb,
+        counted, np.zeros(n_par), np, max_iter=max_iter, gtol=0.0 if tol is None else tol,
+        callback=cb,
     )
     return _lbfgs_result(np.asarray(x), d, D, fit_intercept, n_iter, converged, max_iter,
                          tol, curve)
