@@ -268,9 +268,11 @@ class _BaseFM(_CuWideEstimator):
     def _fitted_attrs(self, results, *, partial):
         """The fitted attributes from the heads' results (a dict; nothing is
         set).  ``partial`` counts the epochs on from the fitted model's."""
-        W = np.stack([r.state.w[:, 0] for r in results]).astype(COMPUTE_DTYPE)
+        # one head's arrays are taken as they are (the fit's own host copies):
+        # a model of millions of features is not copied twice more
+        W = _stacked([r.state.w[:, 0] for r in results])
         b = np.concatenate([np.asarray(r.state.b).ravel() for r in results])
-        V = np.stack([r.state.V for r in results]).astype(COMPUTE_DTYPE)
+        V = _stacked([r.state.V for r in results])
         if not self.fit_intercept:
             b = np.zeros_like(b)
         fitted = self._model_attrs(W, b.astype(COMPUTE_DTYPE), V)
@@ -788,6 +790,14 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         return self._decision(X)[:, 0]
 
 
+def _stacked(arrays):
+    """``np.stack(arrays)`` in float32; a view of the one array when there
+    is one (and it is float32)."""
+    if len(arrays) == 1:
+        return arrays[0][None].astype(COMPUTE_DTYPE, copy=False)
+    return np.stack(arrays).astype(COMPUTE_DTYPE, copy=False)
+
+
 def _target_scaling(y, sw, *, fit_intercept):
     """``(offset, scale)`` that standardise the regressor's target: the
     weighted mean and standard deviation of ``y`` (without an intercept, no
@@ -823,9 +833,9 @@ def _in_user_units(w, b, V, scaling):
     (the compute dtype): ``w * scale``, ``b * scale + offset``, ``V *
     sqrt(scale)``; numpy or cupy arrays."""
     offset, scale = scaling
-    return ((w * scale).astype(COMPUTE_DTYPE),
+    return ((w * scale).astype(COMPUTE_DTYPE, copy=False),
             (b.astype(np.float64) * scale + offset).astype(COMPUTE_DTYPE),
-            (V * float(np.sqrt(scale))).astype(COMPUTE_DTYPE))
+            (V * float(np.sqrt(scale))).astype(COMPUTE_DTYPE, copy=False))
 
 
 def _standardise(y, scaling):

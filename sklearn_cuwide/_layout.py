@@ -377,6 +377,17 @@ def _gather_rows_into(indptr, indices, data, users, ptr, idx, val):
     np.take(data, src, out=val, mode="clip")
 
 
+def row_permutation(n_rows, shuffle, random_state):
+    """The layout's row order (numpy int64): numpy's permutation of
+    ``n_rows`` from ``random_state`` when ``shuffle``, else the identity.
+    Every backend draws it so, on the host, so that the layouts are the same
+    for the same seed (numpy releases the GIL while it shuffles)."""
+    if shuffle and n_rows > 1:
+        order = np.random.default_rng(random_state).permutation(n_rows)
+        return order.astype(np.int64, copy=False)
+    return np.arange(n_rows, dtype=np.int64)
+
+
 def _segment_ids(xp, ptr, total):
     """For each of ``total`` positions, the segment of ``ptr`` it falls in."""
     if xp is np:
@@ -426,10 +437,13 @@ def plan_csr(
     random_state=None,
     chunk_nnz=1 << 24,
     rows=None,
+    row_order=None,
 ):
     """The :class:`LayoutPlan` of the CSR ``(indptr, indices, data)`` of
     ``shape``, arrays of ``xp`` (numpy, or cupy for a matrix on the device);
     with ``rows``, of those rows of it (see :func:`build_layout`).
+    ``row_order``: :func:`row_permutation` of the rows laid out, when the
+    caller drew it already (the CUDA backend draws it while the CSR uploads).
 
     Every pass over the nonzeros (the counts) and over the rows (their
     lengths in layout order) runs with ``xp``, where the arrays are; the
@@ -464,11 +478,10 @@ def plan_csr(
         counts -= feature_counts(idx_out, n_features, xp, val_out)
         del out, idx_out, val_out
     counts, order, rank = rank_features(counts, xp)
-    if shuffle and n_rows > 1:
-        rng = np.random.default_rng(random_state)
-        row_order = rng.permutation(n_rows).astype(np.int64)
-    else:
-        row_order = np.arange(n_rows, dtype=np.int64)
+    if row_order is None:
+        row_order = row_permutation(n_rows, shuffle, random_state)
+    elif row_order.shape != (n_rows,):
+        raise ValueError(f"row_order has shape {row_order.shape}, expected ({n_rows},)")
 
     n_batches = -(-n_rows // batch_size) if n_rows else 0
     batch_rows = np.full(n_batches, batch_size, dtype=np.int64)

@@ -445,8 +445,8 @@ class OutOfCoreModel:
     state.
 
     ``state``: the starting state (user feature order, numpy; factors not
-    drawn yet are drawn on the host, in layout order, with the same
-    generator); ``model_rows``: the device rows the model may take (the
+    drawn yet are drawn in layout order with the same generator, by the
+    backend's device a part at a time, into host memory); ``model_rows``: the device rows the model may take (the
     memory plan's).  Raises ``MemoryError`` when not even the hot features
     and the widest mini-batch's cold ones fit.
     """
@@ -457,10 +457,13 @@ class OutOfCoreModel:
 
         self.backend, self.layout, self.params = backend, layout, params
         xp = _array_module(layout.feat, backend)
-        host = state.put_in_layout_order(layout.feature_order, _cpu)
-        adagrad = host.gw is not None
-        row_bytes = state_row_bytes(host.n_outputs, host.n_factors, adagrad=adagrad,
-                                    fit_linear=True, itemsize=host.w.dtype.itemsize)
+        adagrad = state.gw is not None
+        row_bytes = state_row_bytes(state.n_outputs, state.n_factors, adagrad=adagrad,
+                                    fit_linear=True, itemsize=state.w.dtype.itemsize)
+        # factors not drawn yet are drawn by the device, in parts of at most
+        # 1/64 of the model's rows (the draw's temporaries: ~40 bytes a value)
+        host = state.put_in_layout_order(layout.feature_order, _cpu, draw_with=backend,
+                                         draw_rows=min(1 << 20, max(1, model_rows // 64)))
         self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
         sets = cold_sets(layout, self.plan.n_resident, xp)
         self.rows = HostRows(host, self.plan, sets, backend)

@@ -31,12 +31,22 @@ _SCALE_HINT = (
 )
 
 
-def batch_weights(layout, sw_layout):
-    """Total sample weight of every mini-batch (numpy, float64)."""
-    starts = layout.sblock_row_ptr[layout.batch_sblock_ptr[:-1]]
-    if starts.size == 0:
-        return np.zeros(0)
-    return np.add.reduceat(np.asarray(sw_layout, dtype=np.float64), starts)
+def batch_weights(layout, sw_layout, xp=np):
+    """Total sample weight of every mini-batch (float64, of ``xp``, where
+    ``sw_layout`` is).  Mini-batch ``b`` is layout rows ``b * batch_size``
+    on, the last one shorter: numpy sums each in turn (``add.reduceat``),
+    a device one sum per row of the full mini-batches' matrix."""
+    if xp is np:
+        starts = layout.sblock_row_ptr[layout.batch_sblock_ptr[:-1]]
+        if starts.size == 0:
+            return np.zeros(0)
+        return np.add.reduceat(np.asarray(sw_layout, dtype=np.float64), starts)
+    n, size = int(sw_layout.shape[0]), int(layout.batch_size)
+    full = n // size
+    sums = sw_layout[: full * size].reshape(full, size).sum(axis=1, dtype=xp.float64)
+    if full * size < n:
+        sums = xp.concatenate((sums, sw_layout[full * size :].sum(dtype=xp.float64)[None]))
+    return sums
 
 
 # --------------------------------------------------------------------------
@@ -285,22 +295,25 @@ def fit_minibatch(
     progress = FitProgress(verbose) if progress is None else progress
     xp = backend.xp
     rng = np.random.default_rng(random_state)
-    ro = layout.row_order
-    y_l = np.ascontiguousarray(np.asarray(y)[ro])
-    sw_l = np.ascontiguousarray(np.asarray(sample_weight, dtype=np.float64)[ro])
-    bw = batch_weights(layout, sw_l)
-    total_w = float(sw_l.sum())
     dt = state.w.dtype
-
     ooc = None
     if model_rows is not None and model_rows < layout.n_features:
         ooc = OutOfCoreModel(backend, layout, state, params, model_rows)
-        y_l = y_l.astype(dt)
-        sw_l = sw_l.astype(dt)
-    else:
+    # the targets and weights in the layout's row order, gathered where the
+    # fit runs (O(n_rows) on the device rather than a host pass)
+    lx = np if ooc is not None else xp
+    put = backend.to_device if lx is not np else np.asarray
+    ro = put(layout.row_order)
+    y_l = put(np.asarray(y, dtype=dt))[ro]
+    sw_l = put(np.asarray(sample_weight, dtype=np.float64))[ro]
+    del ro
+    bw = batch_weights(layout, sw_l, lx)
+    bw = backend.to_host(bw) if lx is not np else bw
+    total_w = float(sw_l.sum())
+    sw_l = sw_l.astype(dt)
+    if ooc is None:
         dev_layout = backend.put_layout(layout)
-        dev_y = backend.to_device(y_l.astype(dt))
-        dev_sw = backend.to_device(sw_l.astype(dt))
+        dev_y, dev_sw = y_l, sw_l
         dstate = state.put_in_layout_order(layout.feature_order, backend)
 
     val = None
@@ -388,13 +401,15 @@ def fit_minibatch(
         progress.note(training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol))
     if ooc is not None:  # the host state (layout order), resident rows copied back
         out = (best_state if restored else ooc.state()).permute_features(layout.feature_rank)
-    else:  # back to the user's feature order where the state is, then one copy
+        check_finite_state(out, n_iter, params)
+    else:  # back to the user's feature order where the state is, checked, then one copy
         if restored:
             _put_back(dstate, best_state)
-        out = backend.get_state(dstate.permute_features(backend.to_device(layout.feature_rank),
-                                                        xp))
+        out = dstate.permute_features(backend.to_device(layout.feature_rank), xp)
+        del dstate
+        check_finite_state(out, n_iter, params, xp)
+        out = backend.get_state(out)
     progress.stage(f"{log_prefix}model back")
-    check_finite_state(out, n_iter, params)
     return out, n_iter, loss_curve, val_curve
 
 
@@ -423,12 +438,12 @@ def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_c
     return text[0].upper() + text[1:]
 
 
-def check_finite_state(state, n_iter, params):
+def check_finite_state(state, n_iter, params, xp=np):
     """Raise the divergence error (:func:`_diverged`) when a fitted state
-    holds non-finite values."""
+    (arrays of ``xp``) holds non-finite values."""
     bad = [name for name, a in (("coefficients", state.w), ("intercepts", state.b),
                                 ("factors", state.V))
-           if a is not None and not np.isfinite(a).all()]
+           if a is not None and not bool(xp.isfinite(a).all())]
     if bad:
         raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
                         f"after {n_iter} epoch(s)", params)

@@ -285,14 +285,19 @@ class ModelState:
         out.gb = self.gb
         return out
 
-    def put_in_layout_order(self, order, backend):
+    def put_in_layout_order(self, order, backend, draw_with=None, draw_rows=1 << 20):
         """This state (user feature order) on ``backend``'s device in the
         layout's feature order ``order`` (``order[new] = old``): the arrays
         permuted, and factors not drawn yet (``factor_init``) drawn there,
         directly in that order (Adagrad's sums of them zero).  Arrays of
         zeros (a fresh fit's weights and sums) are made there instead:
         permuting and copying zeros is a host pass and a transfer for
-        nothing."""
+        nothing.
+
+        ``draw_with``: another backend that draws the factors, ``draw_rows``
+        features at a time, each part copied to ``backend`` (the host state of
+        a model wider than the device is drawn by the device: the same values,
+        by construction, much sooner)."""
         zero = {k: getattr(self, k) for k in ("w", "V", "gw", "gV")
                 if getattr(self, k) is not None and not getattr(self, k).any()}
         dev = backend.put_state(replace(self, **dict.fromkeys(zero)).permute_features(order))
@@ -302,8 +307,18 @@ class ModelState:
             return dev
         seed, scale, k = self.factor_init
         xp = backend.xp
-        features = xp.asarray(backend.to_device(np.asarray(order, dtype=np.int64)))
-        dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
+        if draw_with is None or draw_with is backend:
+            features = xp.asarray(backend.to_device(np.asarray(order, dtype=np.int64)))
+            dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
+        else:
+            order = np.asarray(order, dtype=np.int64)
+            dev.V = xp.empty((order.shape[0], k), dtype=self.w.dtype)
+            step = max(1, int(draw_rows))
+            for a in range(0, order.shape[0], step):
+                f = draw_with.xp.asarray(draw_with.to_device(order[a : a + step]))
+                part = draw_factors(draw_with.xp, seed, scale, f, k, dtype=self.w.dtype,
+                                    chunk=max(1, step * k))
+                dev.V[a : a + step] = backend.to_device(draw_with.to_host(part))
         dev.factor_init = None
         if self.gw is not None:  # Adagrad
             dev.gV = xp.zeros_like(dev.V)

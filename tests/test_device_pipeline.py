@@ -363,3 +363,100 @@ def test_build_site():
     assert build_site(nnz, rows, 4, 4, layout, on_device=True) == "device"
     assert build_site(nnz, rows, 4, 4, layout - 1, on_device=True) == "host"
     assert build_site(nnz, rows, 8, 8, csr + layout, on_device=False) == "host_plan"
+
+
+# --------------------------------------------------------------------------
+# the targets, weights and batch weights gathered where the fit runs
+# --------------------------------------------------------------------------
+def test_batch_weights_on_a_device_module_sum_each_mini_batch():
+    """batch_weights with a device module (the stand-in): one sum per
+    mini-batch (the last one shorter), equal to the exact sums to float64
+    rounding; numpy's are the sequential sums, as before."""
+    import math
+
+    from sklearn_cuwide._solvers import batch_weights
+
+    from .test_gpu_upload import _Dev
+
+    rng = np.random.default_rng(4)
+    for n, bs in ((1000, 64), (1024, 64), (5, 64), (1, 1)):
+        X = sp.random(n, 30, density=0.2, format="csr", random_state=1)
+        L = build_layout(X, batch_size=bs, shuffle=True, random_state=0)
+        sw = rng.uniform(0.1, 3.0, n)
+        exact = [math.fsum(sw[a : a + bs]) for a in range(0, n, bs)]
+        host = batch_weights(L, sw)
+        dev = batch_weights(L, sw.view(_Dev), _FakeCupy())
+        assert host.shape == dev.shape == (L.n_batches,)
+        np.testing.assert_allclose(np.asarray(dev), exact, rtol=1e-14)
+        np.testing.assert_allclose(host, exact, rtol=1e-14)
+
+
+def test_fit_on_a_device_module_gathers_there_and_fits_the_same_model():
+    """fit_minibatch with a backend whose arrays live on a "device" (the CPU
+    backend with the stand-in's arrays): the targets and weights gathered
+    there, and the same model, loss curve and validation curve as the CPU
+    backend's (to the rounding of the batch weights' sums)."""
+    import types
+
+    from sklearn_cuwide._backends import _cpu
+    from sklearn_cuwide._solvers import fit_minibatch
+    from sklearn_cuwide._state import StepParams
+
+    from .test_gpu_upload import _Dev
+
+    rng = np.random.default_rng(2)
+    X = sp.random(700, 60, density=0.1, format="csr", random_state=3, dtype=np.float32)
+    y = (rng.random(700) < 0.4).astype(np.float32)
+    sw = rng.uniform(0.5, 2.0, 700)
+    L = build_layout(X, batch_size=32, shuffle=True, random_state=5, n_hot_max=8)
+    fake = _FakeCupy()
+    moved = []
+
+    def to_device(a):
+        moved.append(np.asarray(a).shape)
+        return np.asarray(a).view(_Dev)
+
+    dev = types.SimpleNamespace(**{k: getattr(_cpu, k) for k in dir(_cpu)
+                                   if not k.startswith("__")})
+    dev.xp, dev.to_device, dev.to_host = fake, to_device, lambda a: np.asarray(a).view(
+        np.ndarray)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    outs = []
+    for backend in (_cpu, dev):
+        st = ModelState.zeros(60, 1, 4, adagrad=True, init_scale=0.1, random_state=0)
+        outs.append(fit_minibatch(L, y, sw, st, params, backend=backend, max_iter=3,
+                                  random_state=1, workers=1))
+    assert (L.n_rows,) in moved  # the row order went to the device
+    (a, na, ca, _), (b, nb, cb, _) = outs
+    assert na == nb
+    np.testing.assert_allclose(cb, ca, rtol=1e-12)
+    for k in ("w", "b", "V", "gw", "gV"):
+        np.testing.assert_allclose(np.asarray(getattr(b, k)), getattr(a, k), rtol=1e-5,
+                                   atol=1e-7, err_msg=k)
+
+
+def test_factors_drawn_by_another_device_in_parts_are_the_same_bits():
+    """put_in_layout_order(draw_with=...): the factors drawn by another
+    backend (the stand-in's "device"), a few features at a time, copied to
+    the host state: the bits of the draw in one piece on the host."""
+    import types
+
+    from sklearn_cuwide._backends import _cpu
+
+    from .test_gpu_upload import _Dev
+
+    order = np.random.default_rng(3).permutation(1003).astype(np.int64)
+    st = ModelState.zeros(1003, 1, 6, adagrad=True, init_scale=0.05, random_state=11,
+                          draw=False)
+    drawn = []
+    fake = _FakeCupy()
+    dev = types.SimpleNamespace(
+        xp=fake, to_device=lambda a: drawn.append(len(a)) or np.asarray(a).view(_Dev),
+        to_host=lambda a: np.asarray(a).view(np.ndarray))
+    ref = st.put_in_layout_order(order, _cpu)
+    got = st.put_in_layout_order(order, _cpu, draw_with=dev, draw_rows=100)
+    assert drawn == [100] * 10 + [3]
+    assert type(got.V) is np.ndarray and got.factor_init is None
+    np.testing.assert_array_equal(got.V.view(np.uint32), ref.V.view(np.uint32))
+    np.testing.assert_array_equal(got.gV, np.zeros_like(ref.V))

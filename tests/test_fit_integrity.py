@@ -150,18 +150,24 @@ def test_divergence_in_partial_fit_keeps_the_model(binary):
 
 
 def test_a_nan_state_at_the_end_raises(binary, monkeypatch):
-    """The model itself is checked at the end, whatever the loss said."""
+    """The model itself is checked at the end, whatever the loss said: a
+    factor made NaN by the last epoch, whose loss was finite."""
     X, y = binary
-    real = _cpu.get_state
+    real = _cpu.run_epoch
+    calls = []
 
-    def poisoned(state):
-        out = real(state)
-        out.V[0, 0] = np.nan
-        return out
+    def poisoned(layout, y, sw, bw, state, *a, **k):
+        loss = real(layout, y, sw, bw, state, *a, **k)
+        calls.append(1)
+        if len(calls) == 2:
+            state.V[0, 0] = np.nan
+        return loss
 
-    monkeypatch.setattr(_cpu, "get_state", poisoned)
+    monkeypatch.setattr(_cpu, "run_epoch", poisoned)
     with pytest.raises(ValueError, match="factors hold non-finite values"):
-        GPUFactorizationMachine(max_iter=2, device="cpu").fit(X, y)
+        GPUFactorizationMachine(max_iter=2, early_stopping=False, tol=None,
+                                device="cpu").fit(X, y)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("name", ["lr-sgd", "fm"])

@@ -115,7 +115,6 @@ class DeviceLayout:
         )
         self._uploader = None  # made by the first stream_chunks
         self._copied = set()  # chunks already in the resident arrays
-        self.counts = layout.feature_counts[layout.feature_order]
         self._scale = self._q = self._pscale = None
         if isinstance(layout.feat, cp.ndarray):  # built on the device
             self.resident = self.uploaded = True
@@ -173,9 +172,11 @@ class DeviceLayout:
         P = int(n_concurrent)
         key = (P, float(power), cap)
         if self._scale is None or self._scale[0] != key:
-            if self._q is None:
-                q = -np.expm1(-self.counts * (self.host.batch_size / max(self.n_rows, 1)))
-                self._q = cp.asarray(np.clip(q, 0.0, 1.0).astype(np.float32))
+            if self._q is None:  # each feature's share of mini-batches, on the device
+                h = self.host
+                counts = cp.asarray(h.feature_counts)[cp.asarray(h.feature_order)]
+                q = -cp.expm1(counts * (-h.batch_size / max(self.n_rows, 1)))
+                self._q = cp.clip(q, 0.0, 1.0).astype(cp.float32)
             updaters = 1.0 + (P - 1) * self._q
             if cap is not None:  # undamped up to `cap` concurrent updaters
                 s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)

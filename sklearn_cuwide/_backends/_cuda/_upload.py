@@ -299,13 +299,21 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
     is (:func:`upload_csr`), then planned, shuffled and tiled there
     (:func:`sklearn_cuwide._layout.build_layout_csr`, sorting ``chunk_nnz``
     nonzeros at a time).  The host computes the row order (numpy's
-    permutation) and what is O(n_rows / batch_size + n_features).  Same
+    permutation, drawn in a thread while the CSR uploads) and what is
+    O(n_rows / batch_size + n_features).  Same
     layout, bit for bit, as the numpy build; the device holds the CSR and
     the layout until it returns.
     """
-    indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
+    rows = plan_kw.get("rows")
+    n_rows = X.shape[0] if rows is None else len(rows)
+    # the row order is host work of O(n_rows): drawn while the CSR crosses
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-order") as pool:
+        order = pool.submit(_layout.row_permutation, n_rows, plan_kw.get("shuffle", False),
+                            plan_kw.get("random_state"))
+        indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
+        row_order = order.result()
     return _layout.build_layout_csr(X.shape, indptr, indices, data, xp=xp, dtype=dtype,
-                                    chunk_nnz=chunk_nnz, **plan_kw)
+                                    chunk_nnz=chunk_nnz, row_order=row_order, **plan_kw)
 
 
 def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None):
