@@ -324,10 +324,10 @@ def fit_minibatch(
             val = (Xv, np.asarray(yv, dtype=np.float64), np.asarray(swv, dtype=np.float64))
         else:
             # on the backend as they are, then in the layout's feature order
-            # there (a column gather of every held-out nonzero: the GPU's)
-            Xv = backend.put_csr(Xv)
+            # there (every held-out nonzero renamed: the GPU's work)
             val = (
-                backend.put_csr(Xv[:, layout.feature_order]),
+                backend.csr_in_layout_order(backend.put_csr(Xv), layout.feature_order,
+                                            layout.feature_rank),
                 xp.asarray(backend.to_device(np.asarray(yv, dtype=np.float64))),
                 xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
             )

@@ -115,3 +115,13 @@ def test_pointwise_loss_against_scipy(loss):
 def test_pointwise_loss_refuses_an_unknown_loss():
     with pytest.raises(ValueError, match="unknown loss"):
         pointwise_loss(np, np.zeros((2, 1)), np.zeros(2), "hinge")
+
+
+def test_cpu_csr_in_layout_order_is_the_canonical_column_gather():
+    rng = np.random.default_rng(3)
+    X = sp.random(50, 20, density=0.3, format="csr", random_state=2)
+    order = rng.permutation(20)
+    rank = np.argsort(order)
+    got = _cpu.csr_in_layout_order(X, order, rank)
+    assert got.has_canonical_format
+    np.testing.assert_array_equal(got.toarray(), X.toarray()[:, order])

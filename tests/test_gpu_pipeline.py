@@ -250,3 +250,33 @@ def test_gpu_put_csr_of_a_large_host_matrix_goes_through_the_pinned_buffer(monke
     assert calls
     for a in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, a).get(), getattr(ref, a).get())
+
+
+@pytest.mark.parametrize("fm", [False, True])
+def test_gpu_validation_matrix_in_layout_order_predicts_as_the_cpu_ones(fm):
+    """csr_in_layout_order on the GPU (column ids renamed, rows unsorted):
+    the decision values of a model in layout order equal the CPU backend's
+    on its canonical column gather; the user's matrix is not modified."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cpu, _cuda
+
+    rng = np.random.default_rng(0)
+    X = sp.random(300, 80, density=0.1, format="csr", random_state=1, dtype=np.float32)
+    order = rng.permutation(80).astype(np.int64)
+    rank = np.empty(80, dtype=np.int64)
+    rank[order] = np.arange(80)
+    w = rng.normal(size=(80, 1)).astype(np.float32)
+    V = rng.normal(size=(80, 4)).astype(np.float32) if fm else None
+    b = np.array([0.25], dtype=np.float32)
+    before = X.copy()
+    Xc = _cpu.csr_in_layout_order(_cpu.put_csr(X), order, rank)
+    Xg = _cuda.csr_in_layout_order(_cuda.put_csr(X), order, rank)
+    ref = _cpu.decision_function(Xc, w, b, V)
+    got = _cuda.decision_function(Xg, cp.asarray(w), cp.asarray(b),
+                                  None if V is None else cp.asarray(V)).get()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ref, _cpu.decision_function(X, w[rank], b,
+                                                           None if V is None else V[rank]),
+                               rtol=1e-12, atol=1e-12)
+    assert (X != before).nnz == 0

@@ -63,6 +63,11 @@ class Backend(Protocol):
     def put_csr(self, X, dtype=None):
         """A sparse or dense matrix as the backend's canonical CSR."""
 
+    def csr_in_layout_order(self, X, feature_order, feature_rank):
+        """``X`` (``put_csr``'s) with its columns in a layout's feature order
+        (``X[:, feature_order]``; ``feature_rank`` its inverse, both numpy),
+        for ``decision_function`` alone: its rows may be left unsorted."""
+
     # -- mini-batch training -------------------------------------------------
     def tile_shape(self, params, n_outputs, n_factors, batch_size):
         """``(sample_block, n_hot_max)`` of the training layout."""

@@ -127,6 +127,11 @@ def put_csr(X, dtype=None):
     return canonical_csr(X, dtype)
 
 
+def csr_in_layout_order(X, feature_order, feature_rank):
+    """``X[:, feature_order]``, canonical."""
+    return canonical_csr(X[:, np.asarray(feature_order)])
+
+
 def synchronize():
     pass
 

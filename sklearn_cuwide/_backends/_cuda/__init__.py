@@ -25,6 +25,7 @@ from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._predict import decision_function
 from ._runtime import (
     concurrent_blocks,
+    csr_in_layout_order,
     device_memory,
     device_scope,
     holds,
@@ -47,7 +48,8 @@ xp = cp
 __all__ = [
     "name", "xp", "use_device", "device_scope", "device_memory", "holds", "tile_shape",
     "concurrent_blocks", "free_memory",
-    "to_device", "to_host", "synchronize", "put_csr", "put_state", "get_state",
+    "to_device", "to_host", "synchronize", "put_csr", "csr_in_layout_order", "put_state",
+    "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
 ]

@@ -202,7 +202,23 @@ def put_csr(X, dtype=None):
                                 shape=X.shape)
         else:
             X = cpsp.csr_matrix(X)
+        # canonical on the host: said so, not checked again by a device pass
+        X.has_canonical_format = True
     return canonical_csr(X, dtype)
+
+
+def csr_in_layout_order(X, feature_order, feature_rank):
+    """``X[:, feature_order]`` of a canonical cupyx CSR ``X``: each column
+    index ``j`` renamed ``feature_rank[j]`` in place of the column gather,
+    the rows left in their order, so that no sort runs (nor CuPy's kernels
+    for it compile).  Rule: only the prediction kernel reads the result; it
+    sums a row's entries in any order, and the rows stay duplicate-free.
+    The matrix is flagged canonical for ``put_csr`` to take it as it is:
+    scipy-style operations that need sorted rows must not get it."""
+    rank = cp.asarray(np.asarray(feature_rank)).astype(X.indices.dtype, copy=False)
+    out = cpsp.csr_matrix((X.data, rank[X.indices], X.indptr), shape=X.shape)
+    out.has_canonical_format = True
+    return out
 
 
 @dataclass
