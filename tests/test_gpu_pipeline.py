@@ -280,3 +280,50 @@ def test_gpu_validation_matrix_in_layout_order_predicts_as_the_cpu_ones(fm):
                                                            None if V is None else V[rank]),
                                rtol=1e-12, atol=1e-12)
     assert (X != before).nnz == 0
+
+
+def test_gpu_reductions_run_without_cub_inside_a_fit_and_come_back():
+    """device_scope turns CuPy's CUB reductions off while any scope is open
+    (nested, and in two threads at once) and gives the user's setting back
+    when the last one ends; a fit leaves it as it was."""
+    import threading
+
+    import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import _runtime
+
+    acc = getattr(cp._core, "_accelerator", cp._core)
+    before = list(acc.get_reduction_accelerators())
+    acc.set_reduction_accelerators(["cub"])
+    try:
+        cub = list(acc.get_reduction_accelerators())
+        with _runtime.device_scope("cuda:0"):
+            assert list(acc.get_reduction_accelerators()) == []
+            with _runtime.device_scope("cuda:0"):
+                assert list(acc.get_reduction_accelerators()) == []
+            assert list(acc.get_reduction_accelerators()) == []
+        assert list(acc.get_reduction_accelerators()) == cub
+        inside, go = threading.Barrier(2), threading.Event()
+        seen = []
+
+        def worker():
+            with _runtime.device_scope("cuda:0"):
+                inside.wait()
+                go.wait()
+                seen.append(list(acc.get_reduction_accelerators()))
+
+        t = threading.Thread(target=worker)
+        t.start()
+        with _runtime.device_scope("cuda:0"):
+            inside.wait()
+        seen.append(list(acc.get_reduction_accelerators()))  # the worker's is open
+        go.set()
+        t.join()
+        assert seen == [[], []]
+        assert list(acc.get_reduction_accelerators()) == cub
+        X = sp.random(500, 50, density=0.1, format="csr", random_state=0)
+        y = np.arange(500) % 2
+        GPULogisticRegression(solver="adagrad", max_iter=2).fit(X, y)
+        assert list(acc.get_reduction_accelerators()) == cub
+    finally:
+        acc.set_reduction_accelerators(before)

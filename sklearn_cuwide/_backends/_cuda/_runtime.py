@@ -3,6 +3,7 @@ properties and memory, and moving arrays, matrices and model states between
 the host and it."""
 
 import functools
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -63,6 +64,41 @@ def release_pools(device=None):
     cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
+_NO_CUB = {"depth": 0, "saved": None}
+_NO_CUB_LOCK = threading.Lock()
+
+
+@contextmanager
+def _plain_reductions():
+    """CuPy's reductions without its CUB accelerator while any fit or
+    prediction runs (a count of the scopes open, in every thread; the
+    setting is CuPy's, process-wide, restored when the last one ends).
+
+    Rule: the package's reductions (``all``, ``any``, ``sum`` of arrays of
+    every nonzero) use CuPy's own reduction kernels.  Why: CuPy compiles a
+    CUB reduction at its first use, two kernels of 1.5-2.5 s each on a cold
+    cache for every operation and dtype, where its own compiles in about
+    0.1 s; at run time both read the array once."""
+    acc = getattr(cp._core, "_accelerator", cp._core)
+    get = getattr(acc, "get_reduction_accelerators", None)
+    put = getattr(acc, "set_reduction_accelerators", None)
+    if get is None or put is None:  # another CuPy: nothing to do
+        yield
+        return
+    with _NO_CUB_LOCK:
+        if _NO_CUB["depth"] == 0:
+            _NO_CUB["saved"] = list(get())
+            put([])
+        _NO_CUB["depth"] += 1
+    try:
+        yield
+    finally:
+        with _NO_CUB_LOCK:
+            _NO_CUB["depth"] -= 1
+            if _NO_CUB["depth"] == 0:
+                put(_NO_CUB["saved"])
+
+
 @contextmanager
 def device_scope(device):
     """The scope of one fit or prediction on GPU ``device`` (``"cuda:N"``).
@@ -76,9 +112,10 @@ def device_scope(device):
     dropped.  The error carries the release of this device's pools, which
     the estimator method takes once its own frame, which still holds arrays
     here, has ended (:func:`sklearn_cuwide._base.releases_memory`): the fit's
-    device memory is free again when the caller sees the error.
+    device memory is free again when the caller sees the error.  CuPy's
+    reductions run without CUB inside (:func:`_plain_reductions`).
     """
-    with cp.cuda.Device(device_index(device)):
+    with cp.cuda.Device(device_index(device)), _plain_reductions():
         try:
             yield
         except BaseException as exc:
