@@ -468,6 +468,10 @@ PART_KEYS = {"floors": ("floors",), "startup": ("startup",), "systems": ("system
              "scaling": ("scaling",)}
 
 
+def _merge_note(note):
+    return note.startswith("Parts ") and note.endswith(", merged.")
+
+
 def merge_results(res, earlier, parts):
     """Into ``res``, the parts of an ``earlier`` run's results that this run
     did not run (their timings and notes with them); the environment of the
@@ -484,7 +488,9 @@ def merge_results(res, earlier, parts):
         merged.append(part)
     for k in ("compile_s", "data_generated"):
         res[k] = {**earlier.get(k, {}), **res.get(k, {})}
-    res["notes"] = res["notes"] + [n for n in earlier.get("notes", []) if n not in res["notes"]]
+    # the earlier run's own note of what it merged does not hold here
+    res["notes"] = res["notes"] + [n for n in earlier.get("notes", [])
+                                   if n not in res["notes"] and not _merge_note(n)]
     res["env_merged"] = dict(earlier.get("env") or {}, parts=merged)
     if merged:
         res["notes"].append(f"Parts {', '.join(merged)} are those of an earlier run (commit "

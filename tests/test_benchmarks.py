@@ -334,7 +334,8 @@ def test_merge_keeps_the_parts_not_run_again():
                "startup": {"models": {}}, "systems": {"old": 1}, "real": {"old": 2},
                "real_info": {"absent": []}, "timings": {"env": 0.1, "systems": 300.0,
                                                         "real": 20.0},
-               "notes": ["a", "b"], "compile_s": {"x": 1.0}, "data_generated": {"d1": 2.0}}
+               "notes": ["a", "b", "Parts real are those of an earlier run (commit x, d), merged."],
+               "compile_s": {"x": 1.0}, "data_generated": {"d1": 2.0}}
     res = {"env": {}, "real": {"new": 3}, "timings": {"env": 0.2, "real": 25.0},
            "notes": ["b", "c"], "compile_s": {"y": 2.0}, "data_generated": {}}
     merged = merge_results(res, earlier, ["real", "ablation", "scaling"])
@@ -343,8 +344,11 @@ def test_merge_keeps_the_parts_not_run_again():
     assert "real_info" not in res  # the real part ran again: none of its keys are taken
     assert res["timings"] == {"env": 0.2, "real": 25.0, "systems": 300.0}
     assert res["compile_s"] == {"x": 1.0, "y": 2.0}
-    assert res["notes"][:3] == ["b", "c", "a"]
-    assert "merged" in res["notes"][-1] and res["env_merged"]["parts"] == merged
+    # the earlier run's own merge note is dropped: this run ran that part
+    assert res["notes"][:3] == ["b", "c", "a"] and len(res["notes"]) == 4
+    assert res["notes"][-1].startswith("Parts floors, startup, systems are those of an "
+                                       "earlier run (commit abc")
+    assert res["env_merged"]["parts"] == merged
 
 
 def test_startup_pieces(tmp_path):
