@@ -8,7 +8,9 @@
 # SHARDS processes (test files dealt round-robin), racecheck in two, memcheck
 # after the tests (one after another they took 5, 4 and 0.2 minutes).
 # Each step logs to $OUT/STEP.log (OUT: the device tool's folder, else
-# /tmp/cuwide-device); a summary table is printed last.  The real
+# /tmp/cuwide-device); a summary table is printed last.  The device tool
+# brings back at most 8 files of $OUT: run bench (five files of results and
+# its log) in a call of its own, not after checks (five logs).  The real
 # datasets, carried as the ignored folder .data, reach every step.  A copy of
 # the tree whose .git is stale gives the commit as BENCH_COMMIT (in the results).
 set -uo pipefail
