@@ -1,7 +1,6 @@
 """GPULogisticRegression: a drop-in for scikit-learn's LogisticRegression."""
 
 import math
-import warnings
 from functools import update_wrapper
 from numbers import Integral, Real
 
@@ -35,6 +34,7 @@ from ._minibatch import (
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams
+from ._warn import warn
 
 __all__ = ["GPULogisticRegression"]
 
@@ -335,14 +335,14 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         C, l1_ratio = float(self.C), self.l1_ratio
         if self.penalty == "deprecated":
             if l1_ratio is None:
-                warnings.warn(
+                warn(
                     "'l1_ratio=None' is deprecated (as in scikit-learn 1.8); use "
                     "0 <= l1_ratio <= 1 instead. Using l1_ratio=0.",
                     FutureWarning,
                 )
                 l1_ratio = 0.0
             return C, float(l1_ratio)
-        warnings.warn(
+        warn(
             "'penalty' is deprecated (as in scikit-learn 1.8). Leave it at its "
             "default and use l1_ratio=0 instead of penalty='l2', l1_ratio=1 "
             "instead of penalty='l1', 0 < l1_ratio < 1 instead of "

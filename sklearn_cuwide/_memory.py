@@ -215,7 +215,10 @@ def device_budget(limit, free, total):
             f"{DEFAULT_FREE_FRACTION:.0%} of the {format_bytes(free)} free on the device "
             "(device_memory_limit=None)")
     if isinstance(limit, int):
-        cap, what = limit, f"device_memory_limit={limit} ({format_bytes(limit)})"
+        # an int is bytes: a tiny one is often meant as the whole device (1.0)
+        hint = ("; an int is a number of bytes, a float in (0, 1] a fraction of the "
+                "device" if limit < 1 << 20 else "")
+        cap, what = limit, f"device_memory_limit={limit} ({format_bytes(limit)}{hint})"
     else:
         cap = int(limit * total)
         what = (f"device_memory_limit={limit} ({format_bytes(cap)} of the device's "

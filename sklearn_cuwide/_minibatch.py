@@ -10,7 +10,6 @@ training layout shared by the heads, the concurrency, and the solver
 """
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ from ._backends import _concurrency
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr
 from ._state import FitProgress
+from ._warn import warn
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
            "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
@@ -240,11 +240,7 @@ def _warn_blown_up(blown_up, params):
     prefix, last, base = blown_up[0]
     which = f" ({prefix.rstrip(', ')})" if prefix else ""
     more = f", and {len(blown_up) - 1} other model(s) too" if len(blown_up) > 1 else ""
-    warnings.warn(
-        _blown_up_message(which, last, base, more, params),
-        ConvergenceWarning,
-        stacklevel=4,
-    )
+    warn(_blown_up_message(which, last, base, more, params), ConvergenceWarning)
 
 
 def _blown_up_message(which, last, base, more, params):
@@ -378,12 +374,8 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False):
         else:
             advice = ("Consider increasing max_iter to improve the fit, or set "
                       "tol=None to run max_iter epochs without this warning.")
-        warnings.warn(
-            f"Maximum number of iteration reached before convergence "
-            f"(max_iter={max_iter}). {advice}",
-            ConvergenceWarning,
-            stacklevel=4,
-        )
+        warn(f"Maximum number of iteration reached before convergence "
+             f"(max_iter={max_iter}). {advice}", ConvergenceWarning)
 
 
 def rows_nnz(X, rows, backend):

@@ -11,7 +11,6 @@ lifting on its device; the code here is the same for both.
 """
 
 import math
-import warnings
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -20,6 +19,7 @@ from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
 from ._out_of_core import OutOfCoreModel
 from ._state import FitProgress, ModelState
+from ._warn import warn
 
 __all__ = ["fit_minibatch", "fit_lbfgs_linear", "fit_lbfgs_summed", "batch_weights"]
 
@@ -162,8 +162,8 @@ def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curv
             why = ("(the line search found no step that lowers the objective"
                    f"{above}). This happens when X holds very large values: "
                    f"{_SCALE_HINT}" + ("." if tol is None else ", or increase tol."))
-        warnings.warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
-                      ConvergenceWarning, stacklevel=3)
+        warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
+             ConvergenceWarning)
     coef = x[: d * D].reshape(d, D).T.copy()
     intercept = x[d * D :].copy() if fit_intercept else np.zeros(D)
     return coef, intercept, n_iter, curve

@@ -343,7 +343,8 @@ class FitProgress:
     * ``Iterations <a>-<b> in <t> s: ...`` -- L-BFGS iterations
       (:meth:`iteration`), one line per :attr:`every` of them (every one
       from ``verbose=2``);
-    * ``Fit: <T> s on <device>, <n> samples, <r> samples/s`` -- the last line
+    * ``Fit: <T> s on <device>, <n> samples processed (rows times passes over
+      them), <r> samples/s`` -- the last line
       (:meth:`finish`), the whole fit.
 
     A line whose span compiled kernels (or loaded them from CuPy's cache)
@@ -435,8 +436,8 @@ class FitProgress:
         total = self.elapsed()
         rate = self.samples / total if total > 0 else math.inf
         where = "" if device is None else f" on {device}"
-        self._print(f"Fit: {total:.3f} s{where}, {self.samples:,} samples, "
-                    f"{rate:,.0f} samples/s")
+        self._print(f"Fit: {total:.3f} s{where}, {self.samples:,} samples processed "
+                    f"(rows times passes over them), {rate:,.0f} samples/s")
 
 
 def _kernel_seconds():

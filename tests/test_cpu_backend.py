@@ -42,3 +42,28 @@ def test_untouched_features_do_not_move():
     _, out = _run_cpu(layout, y, sw, state, params, np.arange(layout.n_batches))
     np.testing.assert_array_equal(out.V[absent], before[0])
     np.testing.assert_array_equal(out.w[absent], before[1])
+
+
+@pytest.mark.parametrize("fm", [False, True])
+def test_decision_function_of_a_few_rows_uses_their_features_only(fm):
+    """A few rows against a wide model: computed on the rows of w and V of
+    their features alone, the same values as the whole product (float64
+    reference)."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    n_features = 5000
+    X = sp.random(7, n_features, density=0.002, format="csr", random_state=1,
+                  dtype=np.float32)
+    X[3, 17] = 2.0  # a row of its own
+    assert 4 * X.nnz < n_features
+    w = rng.normal(size=(n_features, 2)).astype(np.float32)
+    V = rng.normal(size=(n_features, 3)).astype(np.float32) if fm else None
+    b = np.array([0.5, -1.0], dtype=np.float32)
+    got = _cpu.decision_function(X, w, b, V)
+    Xd = X.toarray().astype(np.float64)
+    ref = Xd @ w.astype(np.float64) + b
+    if fm:
+        XV = Xd @ V.astype(np.float64)
+        ref[:, 0] += 0.5 * ((XV**2).sum(1) - (Xd**2) @ (V.astype(np.float64) ** 2).sum(1))
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)

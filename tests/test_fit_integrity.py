@@ -675,3 +675,22 @@ def test_blown_up_adagrad_names_its_step_first():
                             r"\(e\.g\. learning_rate=0\.033\) or run more epochs.*"
                             r"scale the features"):
         GPUFactorizationMachine(device="cpu", max_iter=1, tol=None, random_state=0).fit(X, y)
+
+
+def test_convergence_warnings_name_the_users_line(binary):
+    """A ConvergenceWarning is attributed to the user's call (this file's
+    line), not to a line inside the package, for every estimator and solver
+    that warns."""
+    X, y = binary
+    cases = [
+        lambda: GPUFactorizationMachine(max_iter=1, early_stopping=False,
+                                        device="cpu").fit(X, y),
+        lambda: GPULogisticRegression(solver="lbfgs", max_iter=1, device="cpu").fit(X, y),
+    ]
+    for fit in cases:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fit()
+        conv = [w for w in seen if issubclass(w.category, ConvergenceWarning)]
+        assert conv, "no ConvergenceWarning"
+        assert all(w.filename == __file__ for w in conv), [w.filename for w in conv]

@@ -112,6 +112,10 @@ def test_device_budget():
     assert b == free and "below device_memory_limit" in how
     assert _memory.device_budget(0.1, free, total)[0] == int(0.1 * total)
     assert _memory.device_budget(0.5, free, total)[0] == free  # more than is free
+    # an int of a few bytes, likely meant as a fraction: the words say so
+    assert _memory.device_budget(1, free, total) == (1, (
+        "device_memory_limit=1 (1 bytes; an int is a number of bytes, a float in (0, 1] a "
+        "fraction of the device)"))
 
 
 def test_host_available_bytes(monkeypatch):

@@ -32,7 +32,8 @@ EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d
                    r"[-\d.e+]+)?, [\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
 ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s: loss [\d.]+, "
                         r"[\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
-FIT = re.compile(r"^Fit: \d+\.\d{3} s on (?:cpu|cuda:\d+), ([\d,]+) samples, [\d,]+ samples/s$")
+FIT = re.compile(r"^Fit: \d+\.\d{3} s on (?:cpu|cuda:\d+), ([\d,]+) samples processed "
+                 r"\(rows times passes over them\), [\d,]+ samples/s$")
 STOPPED = re.compile(r"^(?:Model \d+ of \d+, s|S)topped after epoch (\d+): (?:no "
                      r"improvement of the validation loss by tol=\S+ for \d+ epochs|"
                      r"max_iter=\d+ epochs reached); the model of epoch (\d+) "
@@ -190,7 +191,8 @@ def test_each_line_has_its_own_span_and_the_last_the_whole_fit(capsys, monkeypat
         "Epoch 2/2 in 1.000 s: loss 0.4, 67 samples/s, 3.00 s since the fit began",
         "Stage: model back in 1.000 s",
         "Stage: attributes in 1.000 s",
-        "Fit: 6.000 s on cuda:0, 200 samples, 33 samples/s",
+        "Fit: 6.000 s on cuda:0, 200 samples processed (rows times passes over them), "
+        "33 samples/s",
     ]
 
 

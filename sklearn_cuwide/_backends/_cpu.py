@@ -278,8 +278,21 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *,
 # prediction and full-batch gradients (scipy sparse)
 # --------------------------------------------------------------------------
 def decision_function(X, w, b, V=None, fit_linear=True):
-    """Decision values (n_samples, n_outputs), float64, of X (user order)."""
+    """Decision values (n_samples, n_outputs), float64, of X (user order).
+
+    A sparse ``X`` whose rows use few of the model's features is computed on
+    those features' rows of ``w`` and ``V`` alone: a few rows scored against a
+    wide model cost what they hold, not the model's size (the float64 copies
+    of ``w`` and ``V`` would be most of it)."""
     X = canonical_csr(X) if sp.issparse(X) else np.asarray(X)
+    if sp.issparse(X) and 4 * X.nnz < X.shape[1]:
+        cols, local = np.unique(X.indices, return_inverse=True)
+        X = sp.csr_matrix((X.data, local.astype(X.indices.dtype).ravel(), X.indptr),
+                          shape=(X.shape[0], cols.shape[0]))
+        w = w[cols]
+        V = None if V is None else V[cols]
+    if V is not None and X.dtype != np.float64:  # the squares in float64 too
+        X = X.astype(np.float64)
     out = np.zeros((X.shape[0], w.shape[1]))
     if fit_linear:
         out += np.asarray(X @ w.astype(np.float64))
