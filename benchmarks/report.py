@@ -274,6 +274,19 @@ def end_to_end_table(entry):
     return "\n".join(rows)
 
 
+def prediction_table(entry):
+    """Scoring from a scipy CSR in host memory with a fitted model (empty
+    string when nothing was timed)."""
+    rows = ["| system | rows | predict ms | rows/s |", "|---|---:|---:|---:|"]
+    for sid, r in entry["systems"].items():
+        if r.get("predict_s") is None:
+            continue
+        rate = r["predict_rows"] / r["predict_s"] if r["predict_s"] > 0 else None
+        rows.append(f"| {r.get('label', sid)} | {_f(r.get('predict_rows'), ',')} | "
+                    f"{_f(1000 * r['predict_s'], '.1f')} | {_f(rate, '.3g')} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def epochs_table(entry):
     """Epoch times with the data resident (kernels; PyTorch and cuSPARSE
     per epoch), and each system's time per row over ours."""
@@ -338,8 +351,13 @@ def _md_systems(res, part, title):
                         for fam, t in (entry.get("targets") or {}).items()
                         if fam in ("LR", "FM")), "",
               "End to end (from a scipy CSR in host memory, every copy included):", "",
-              end_to_end_table(entry), "",
-              "Epoch times (data resident on the device):", "",
+              end_to_end_table(entry), ""]
+        pred = prediction_table(entry)
+        if pred:
+            L += ["Prediction (`predict_proba`, `predict` for a regressor, of the first "
+                  "test rows from a scipy CSR in host memory, the fitted model kept where "
+                  "it was fitted):", "", pred, ""]
+        L += ["Epoch times (data resident on the device):", "",
               epochs_table(entry), ""]
         for sid in ("torch_lr", "torch_fm"):
             g = torch_grid_table(entry["systems"].get(sid, {}))

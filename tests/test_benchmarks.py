@@ -604,3 +604,31 @@ def test_sklearn_peers_of_our_defaults():
     ref = LogisticRegression(C=c, max_iter=1000).fit(X[:1200], y[:1200])
     assert best["test_auc"] == pytest.approx(roc_auc_score(y[1200:],
                                                            ref.decision_function(X[1200:])))
+
+
+def test_prediction_timing_and_its_table():
+    """time_prediction times the first rows' scoring of a fitted model; the
+    report lists it (and leaves the table out when nothing was timed)."""
+    import types
+
+    import scipy.sparse as sp
+
+    from benchmarks import report
+    from benchmarks.systems import time_prediction
+    from sklearn_cuwide import GPULogisticRegression
+
+    rng = np.random.default_rng(0)
+    X = sp.random(300, 40, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    y = rng.integers(0, 2, 300)
+    est = GPULogisticRegression(device="cpu").fit(X, y)
+    calls = []
+    est.predict_proba = lambda Z: calls.append(Z.shape) or np.zeros((Z.shape[0], 2))
+    ctx = types.SimpleNamespace(gpu=False, sync=lambda: None)
+    d = types.SimpleNamespace(Xt=X, task="binary")
+    got = time_prediction(ctx, est, d, rows=120)
+    assert calls == [(120, 40)] and got["predict_rows"] == 120 and got["predict_s"] >= 0
+    entry = {"systems": {"ours_lr": {"label": "ours LR", **got},
+                         "torch_lr": {"label": "PyTorch", "fit_s": 1.0}}}
+    table = report.prediction_table(entry)
+    assert "| ours LR | 120 |" in table and "PyTorch" not in table
+    assert report.prediction_table({"systems": {"torch_lr": {"fit_s": 1.0}}}) == ""
