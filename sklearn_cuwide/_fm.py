@@ -192,13 +192,16 @@ class _BaseFM(_CuWideEstimator):
         for (w, b, V), acc in zip(heads, saved):
             if w.shape[0] != n_features or V.shape[1] != self.n_factors:
                 return None
+            # the fit's own copies of the model (nothing drawn to be overwritten)
             st = ModelState.zeros(
                 n_features, 1, self.n_factors, adagrad=self.solver == "adagrad",
-                dtype=COMPUTE_DTYPE,
+                dtype=COMPUTE_DTYPE, draw=False,
             )
             st.w[:] = w
             st.b[:] = b
-            st.V[:] = V
+            st.V, st.factor_init = np.array(V, dtype=COMPUTE_DTYPE), None
+            if st.gw is not None:
+                st.gV = np.zeros_like(st.V)
             states.append(restore_accumulators(st, acc))
         return states
 

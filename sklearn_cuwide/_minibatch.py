@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
@@ -111,8 +112,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     init_state : callable ``(head, t_train, sw_train, seed) -> ModelState``
         A head's fresh starting state (numpy, user feature order).
     warm : list of ModelState or None
-        States to continue from instead (one per head); the concurrency is
-        then not warmed up again.
+        States to continue from instead (one per head; the fit's own copies,
+        which it may change); the concurrency is then not warmed up again.
     stratify : ndarray (n_samples,) or None
         Class indices to stratify the early-stopping split on.
     progress : FitProgress or None
@@ -139,6 +140,13 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
         sample_weight = sample_weight[tr]
         progress.stage("validation split")
+    # a continued model's epoch over a part of the data (partial_fit) trains
+    # the features the part holds: the other rows of the model are copied
+    # over, not laid out, moved or permuted (O(part), not O(n_features))
+    used = _features_used(X) if warm is not None and va is None else None
+    if used is not None:
+        full, warm = warm, [st.permute_features(used) for st in warm]
+        X = _columns(X, used)
     params = make_params(X, sample_weight, tr)
     progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
@@ -180,6 +188,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         base = constant_loss(t, sample_weight, params.loss, n_outputs)
         if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
             blown_up.append((prefix, curve[-1], base))
+        if used is not None:  # the warm states are the fit's own copies
+            out = full[k].put_features(used, out)
         results.append(HeadResult(out, n_iter, curve, vcurve, best))
     if blown_up:
         _warn_blown_up(blown_up, params)
@@ -187,6 +197,30 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
                        early_stopping_advice=va is None)
     return results
+
+
+#: a continued fit trains the features its data hold alone when they are at
+#: most this share of the model's
+COMPACT_SHARE = 0.5
+
+
+def _features_used(X):
+    """The features (sorted) that a host CSR ``X`` holds, when they are at
+    most :data:`COMPACT_SHARE` of its columns; else None (and None for a
+    matrix on a device)."""
+    if not sp.issparse(X) or X.shape[1] == 0:
+        return None
+    used = np.unique(X.indices)
+    return used if used.size <= COMPACT_SHARE * X.shape[1] else None
+
+
+def _columns(X, used):
+    """``X[:, used]`` of a canonical CSR whose entries are all in ``used``
+    (sorted): its column ids renamed, the rows as they are (canonical)."""
+    indices = np.searchsorted(used, X.indices).astype(X.indices.dtype)
+    out = sp.csr_matrix((X.data, indices, X.indptr), shape=(X.shape[0], used.size))
+    out.has_canonical_format = True
+    return out
 
 
 def validation_attrs(results):

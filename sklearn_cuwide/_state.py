@@ -285,6 +285,19 @@ class ModelState:
         out.gb = self.gb
         return out
 
+    def put_features(self, index, sub):
+        """Write ``sub``'s features into this state's features ``index``
+        (feature ``index[j]`` becomes ``sub``'s ``j``; numpy, in place), and
+        take ``sub``'s intercepts and their sums: the inverse of
+        ``permute_features(index)`` for the features it took.  Returns
+        this state."""
+        for k in ("w", "V", "gw", "gV"):
+            a = getattr(self, k)
+            if a is not None:
+                a[index] = getattr(sub, k)
+        self.b, self.gb = sub.b, sub.gb
+        return self
+
     def put_in_layout_order(self, order, backend, draw_with=None, draw_rows=1 << 20):
         """This state (user feature order) on ``backend``'s device in the
         layout's feature order ``order`` (``order[new] = old``): the arrays

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, SGDClassifier
@@ -694,3 +695,78 @@ def test_convergence_warnings_name_the_users_line(binary):
         conv = [w for w in seen if issubclass(w.category, ConvergenceWarning)]
         assert conv, "no ConvergenceWarning"
         assert all(w.filename == __file__ for w in conv), [w.filename for w in conv]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GPUFactorizationMachine(n_factors=3, batch_size=32, random_state=0, device="cpu"),
+    lambda: GPUFactorizationMachineRegressor(n_factors=3, batch_size=32, random_state=0,
+                                             device="cpu"),
+    lambda: GPULogisticRegression(solver="adagrad", batch_size=32, random_state=0,
+                                  device="cpu"),
+    lambda: GPULogisticRegression(solver="sgd", batch_size=32, random_state=0,
+                                  device="cpu"),
+], ids=["fm", "fm-regressor", "lr-adagrad", "lr-sgd"])
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_continued_fits_train_the_features_their_data_hold_the_same(make, n_classes,
+                                                                    monkeypatch):
+    """partial_fit (and a warm-started fit without early stopping) on parts
+    that hold a few of the model's features trains those features alone
+    (_minibatch.COMPACT_SHARE): the same model, bit for bit, as training
+    every row of the model, the untouched features' parameters and sums
+    kept; the fitted arrays of the call before are not modified."""
+    from sklearn_cuwide import _minibatch
+
+    rng = np.random.default_rng(0)
+    n, d = 240, 2000
+    X = sp.random(n, d, density=0.004, format="csr", random_state=1, dtype=np.float32)
+    X.data[:] = 1.0
+    if isinstance(make(), GPUFactorizationMachineRegressor):
+        if n_classes == 3:
+            pytest.skip("a regressor has no classes")
+        y = rng.normal(size=n)
+        kw = {}
+    else:
+        y = rng.integers(0, n_classes, n)
+        kw = {"classes": np.arange(n_classes)}
+    parts = [slice(0, 80), slice(80, 160), slice(160, 240)]
+
+    def run(share):
+        monkeypatch.setattr(_minibatch, "COMPACT_SHARE", share)
+        m = make()
+        snaps = []
+        for i, p in enumerate(parts):
+            m.partial_fit(X[p], y[p], **(kw if i == 0 else {}))
+            snaps.append({k: np.array(getattr(m, k), copy=True) for k in ("coef_",
+                          "intercept_", "factors_") if hasattr(m, k)})
+        held = {k: getattr(m, k) for k in snaps[-1]}
+        copies = {k: v.copy() for k, v in held.items()}
+        m.set_params(warm_start=True, max_iter=2, early_stopping=False, tol=None)
+        m.fit(X[:60], y[:60])
+        for k in held:  # the previous attributes' arrays were not written into
+            np.testing.assert_array_equal(held[k], copies[k])
+        opt = getattr(m, "_optimizer_state", None)
+        return snaps, m, opt
+
+    assert 0.5 * d > np.unique(X[parts[1]].indices).size  # the parts are compacted
+    (a, ma, oa), (b, mb, ob) = run(0.5), run(0.0)
+    for sa, sb in zip(a, b):
+        for k in sa:
+            np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    for k in ("coef_", "intercept_", "factors_"):
+        if hasattr(ma, k):
+            np.testing.assert_array_equal(getattr(ma, k), getattr(mb, k), err_msg=k)
+    def same(u, v):  # the optimiser's saved sums, whatever their nesting
+        if isinstance(u, dict):
+            assert u.keys() == v.keys()
+            for k in u:
+                same(u[k], v[k])
+        elif isinstance(u, (list, tuple)):
+            assert len(u) == len(v)
+            for p, q in zip(u, v):
+                same(p, q)
+        elif u is None or isinstance(u, str):
+            assert u == v
+        else:
+            np.testing.assert_array_equal(u, v)
+
+    same(oa, ob)
