@@ -33,6 +33,7 @@ from ._minibatch import (
     validation_attrs,
 )
 from ._state import FitProgress, ModelState, StepParams
+from ._warn import warn
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 
@@ -716,6 +717,12 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             progress.stage("input checks")
             warm = None if first else self._warm_states(X.shape[1], 1)
             scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
+            if warm is None and scaling == (0.0, 1.0) and np.ptp(np.asarray(y)) == 0:
+                # the scaling is kept for every later call: say that it is none
+                warn(f"The first partial_fit fixes the target's standardisation, and "
+                     f"its {len(y)} target(s) are all equal: the model trains on y as "
+                     f"it is (offset 0, scale 1). Start with a part whose targets vary "
+                     f"as the data's do, or call fit first.", UserWarning)
             results = self._fit_heads(
                 X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
                 partial=True, progress=progress,

@@ -310,3 +310,21 @@ def test_auto_penalties(small_binary, Est):
     assert fm_penalties(1e-4, 1e-3, "auto", S, m) == (1e-4, 1e-3, False)
     assert fm_penalties("auto", 1e-3, "auto", S, m) == (AUTO_ALPHA / S, 1e-3, True)
     assert fm_penalties("auto", "auto", False, S, m)[2] is False
+
+
+def test_regressor_first_partial_fit_of_equal_targets_warns():
+    """The first partial_fit fixes the target's scaling: equal targets give
+    none, and a UserWarning says so (at the user's line); varied ones, or a
+    later call, do not warn."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 20, density=0.3, format="csr", random_state=0)
+    m = GPUFactorizationMachineRegressor(device="cpu", random_state=0)
+    with pytest.warns(UserWarning, match="its 10 target\\(s\\) are all equal") as rec:
+        m.partial_fit(X[:10], np.full(10, 3.0))
+    assert all(w.filename == __file__ for w in rec if issubclass(w.category, UserWarning))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        m.partial_fit(X[10:20], np.full(10, 3.0))  # continued: the scaling is kept
+        GPUFactorizationMachineRegressor(device="cpu").partial_fit(X[:10], rng.normal(size=10))
