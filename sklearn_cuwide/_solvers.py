@@ -140,13 +140,22 @@ def fit_lbfgs_linear(
     )
     x = np.asarray(backend.to_host(x))
     progress.stage("coefficients back")
-    return _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve)
+    return _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve,
+                         mean_weight=S / max(n, 1))
 
 
-def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve):
+#: mean sample weights beyond these make the penalty's share of the
+#: objective (1 / (C sum(s))) extreme: a failed line search names the weights
+_WEIGHT_RANGE = (1e-6, 1e6)
+
+
+def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve,
+                  mean_weight=1.0):
     """``(coef, intercept, n_iter, curve)`` of an L-BFGS solution ``x``
     (numpy): non-finite coefficients raise, a fit that did not converge warns
-    (``ConvergenceWarning``, saying why and what to do), as scikit-learn's."""
+    (``ConvergenceWarning``, saying why and what to do), as scikit-learn's.
+    ``mean_weight``: the sample weights' mean (a cause the warning names
+    when it is far from 1)."""
     if not np.isfinite(x).all():
         raise ValueError(
             f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
@@ -159,9 +168,16 @@ def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curv
         else:
             above = ("" if tol is None else
                      f", whose largest gradient entry is still above tol={tol:g}")
+            lo, hi = _WEIGHT_RANGE
+            if not lo <= mean_weight <= hi:
+                cause = (f"The sample weights average {mean_weight:.3g}, which makes the "
+                         f"penalty's share of the objective extreme: multiply them by a "
+                         f"common factor k near {1 / mean_weight:.3g} and divide C by k "
+                         f"(the same model)")
+            else:
+                cause = f"This happens when X holds very large values: {_SCALE_HINT}"
             why = ("(the line search found no step that lowers the objective"
-                   f"{above}). This happens when X holds very large values: "
-                   f"{_SCALE_HINT}" + ("." if tol is None else ", or increase tol."))
+                   f"{above}). {cause}" + ("." if tol is None else ", or increase tol."))
         warn(f"lbfgs failed to converge after {n_iter} iteration(s) {why}",
              ConvergenceWarning)
     coef = x[: d * D].reshape(d, D).T.copy()
@@ -546,4 +562,4 @@ def fit_lbfgs_summed(
         callback=cb,
     )
     return _lbfgs_result(np.asarray(x), d, D, fit_intercept, n_iter, converged, max_iter,
-                         tol, curve)
+                         tol, curve, mean_weight=total_weight / max(n_samples, 1))

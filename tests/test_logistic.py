@@ -370,3 +370,22 @@ def test_int64_indices_and_csc_coo_input(sparse_binary):
         est = GPULogisticRegression(device="cpu").fit(Xi, y)
         assert_allclose(est.coef_, ref.coef_, rtol=1e-7)
         assert_allclose(est.predict_proba(Xi), ref.predict_proba(X), rtol=1e-7)
+
+
+def test_lbfgs_line_search_failure_from_tiny_weights_names_the_weights():
+    """Weights of 1e-30 make the penalty's share of the objective extreme:
+    the ConvergenceWarning says so, with the factor that gives the same
+    model, not that X holds large values."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    rng = np.random.default_rng(0)
+    X = sp.random(500, 30, density=0.2, format="csr", random_state=0)
+    y = rng.integers(0, 2, 500)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        GPULogisticRegression(device="cpu").fit(X, y, sample_weight=np.full(500, 1e-30))
+    msgs = [str(w.message) for w in rec if issubclass(w.category, ConvergenceWarning)]
+    assert msgs and all("sample weights average 1e-30" in m and "divide C by k" in m
+                        and "large values" not in m for m in msgs)
