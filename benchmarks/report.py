@@ -156,13 +156,15 @@ def derive(entry):
     for r in systems.values():
         peer = systems.get(TARGET_SYSTEM.get(r.get("family"), ""), {})
         if peer and "error" not in peer and "skipped" not in peer:
+            # a peer's one fit against our first (not the median of ours)
             if peer.get("fit_s") and r.get("fit_s") and peer.get("rows") == r.get("rows"):
-                r["x_torch_fit"] = ratio(peer["fit_s"], r["fit_s"])
+                r["x_torch_fit"] = ratio(peer["fit_s"], r.get("fit_first_s", r["fit_s"]))
             r["x_torch_target"] = ratio(peer.get("time_to_target_s"),
                                         r.get("time_to_target_s"))
     sk, ours = systems.get("sk_lr", {}), systems.get("est_lr_lbfgs", {})
     if sk.get("fit_s") and ours.get("fit_s") and sk.get("rows") == ours.get("rows"):
-        ours["x_sklearn_fit"] = sk["x_ours_fit"] = sk["fit_s"] / ours["fit_s"]
+        ours["x_sklearn_fit"] = sk["x_ours_fit"] = (
+            sk["fit_s"] / ours.get("fit_first_s", ours["fit_s"]))
         a, b = ours.get("coef"), sk.get("coef")
         if a is not None and b is not None and np.shape(a) == np.shape(b):
             b = np.asarray(b)

@@ -472,10 +472,29 @@ def _merge_note(note):
     return note.startswith("Parts ") and note.endswith(", merged.")
 
 
+def _sources(earlier):
+    """``{part: env}`` of an earlier run's results: each part's own run (a
+    part it merged in turn keeps that run's environment)."""
+    env = earlier.get("env") or {}
+    out = {part: env for part in PART_KEYS}
+    for src in _as_list(earlier.get("env_merged")):
+        own = {k: v for k, v in src.items() if k != "parts"}
+        for part in src.get("parts", []):
+            out[part] = own
+    return out
+
+
+def _as_list(merged):
+    if not merged:
+        return []
+    return merged if isinstance(merged, list) else [merged]
+
+
 def merge_results(res, earlier, parts):
     """Into ``res``, the parts of an ``earlier`` run's results that this run
-    did not run (their timings and notes with them); the environment of the
-    earlier run is kept as ``env_merged``."""
+    did not run (their timings and notes with them).  ``env_merged`` lists
+    the environments they come from, each with its ``parts`` (a part the
+    earlier run had merged keeps the run it came from)."""
     merged = []
     for part, keys in PART_KEYS.items():
         if part in parts or not any(k in earlier for k in keys):
@@ -488,14 +507,22 @@ def merge_results(res, earlier, parts):
         merged.append(part)
     for k in ("compile_s", "data_generated"):
         res[k] = {**earlier.get(k, {}), **res.get(k, {})}
-    # the earlier run's own note of what it merged does not hold here
+    # the earlier run's notes of what it merged are written again below
     res["notes"] = res["notes"] + [n for n in earlier.get("notes", [])
                                    if n not in res["notes"] and not _merge_note(n)]
-    res["env_merged"] = dict(earlier.get("env") or {}, parts=merged)
-    if merged:
-        res["notes"].append(f"Parts {', '.join(merged)} are those of an earlier run (commit "
-                            f"{res['env_merged'].get('git_commit')}, "
-                            f"{res['env_merged'].get('date_utc')}), merged.")
+    src = _sources(earlier)
+    groups = []  # (env, [parts]) in part order, one per source run
+    for part in merged:
+        for env, ps in groups:
+            if env is src[part]:
+                ps.append(part)
+                break
+        else:
+            groups.append((src[part], [part]))
+    res["env_merged"] = [dict(env, parts=ps) for env, ps in groups]
+    for env, ps in groups:
+        res["notes"].append(f"Parts {', '.join(ps)} are those of an earlier run (commit "
+                            f"{env.get('git_commit')}, {env.get('date_utc')}), merged.")
     return merged
 
 

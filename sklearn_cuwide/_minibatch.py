@@ -140,14 +140,15 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         Xv, swv = _take_rows(X, va, backend), sample_weight[va]
         sample_weight = sample_weight[tr]
         progress.stage("validation split")
+    params = make_params(X, sample_weight, tr)
     # a continued model's epoch over a part of the data (partial_fit) trains
     # the features the part holds: the other rows of the model are copied
-    # over, not laid out, moved or permuted (O(part), not O(n_features))
+    # over, not laid out, moved or permuted (O(part), not O(n_features));
+    # the step parameters are those of the whole matrix (sgd's auto step)
     used = _features_used(X) if warm is not None and va is None else None
     if used is not None:
         full, warm = warm, [st.permute_features(used) for st in warm]
         X = _columns(X, used)
-    params = make_params(X, sample_weight, tr)
     progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
                                                  schedule.batch_size)
@@ -207,17 +208,22 @@ COMPACT_SHARE = 0.5
 def _features_used(X):
     """The features (sorted) that a host CSR ``X`` holds, when they are at
     most :data:`COMPACT_SHARE` of its columns; else None (and None for a
-    matrix on a device)."""
+    matrix on a device).  O(nnz + n_features): a mark per feature, no sort."""
     if not sp.issparse(X) or X.shape[1] == 0:
         return None
-    used = np.unique(X.indices)
+    held = np.zeros(X.shape[1], dtype=bool)
+    held[X.indices] = True
+    used = np.flatnonzero(held)
     return used if used.size <= COMPACT_SHARE * X.shape[1] else None
 
 
 def _columns(X, used):
     """``X[:, used]`` of a canonical CSR whose entries are all in ``used``
-    (sorted): its column ids renamed, the rows as they are (canonical)."""
-    indices = np.searchsorted(used, X.indices).astype(X.indices.dtype)
+    (sorted): its column ids renamed through a lookup table (O(nnz +
+    n_features)), the rows as they are (canonical)."""
+    new = np.zeros(X.shape[1], dtype=X.indices.dtype)
+    new[used] = np.arange(used.size, dtype=X.indices.dtype)
+    indices = new[X.indices]
     out = sp.csr_matrix((X.data, indices, X.indptr), shape=(X.shape[0], used.size))
     out.has_canonical_format = True
     return out

@@ -348,7 +348,19 @@ def test_merge_keeps_the_parts_not_run_again():
     assert res["notes"][:3] == ["b", "c", "a"] and len(res["notes"]) == 4
     assert res["notes"][-1].startswith("Parts floors, startup, systems are those of an "
                                        "earlier run (commit abc")
-    assert res["env_merged"]["parts"] == merged
+    assert res["env_merged"] == [{"git_commit": "abc", "date_utc": "d", "parts": merged}]
+    # a run of one part over results that had merged others: each merged
+    # part is credited to the run it came from
+    again = {"env": {}, "systems": {"new": 4}, "timings": {}, "notes": [],
+             "compile_s": {}, "data_generated": {}}
+    first = dict(res, env={"git_commit": "new", "date_utc": "e"})
+    assert merge_results(again, first, ["systems"]) == ["floors", "startup", "real"]
+    assert again["env_merged"] == [
+        {"git_commit": "abc", "date_utc": "d", "parts": ["floors", "startup"]},
+        {"git_commit": "new", "date_utc": "e", "parts": ["real"]}]
+    assert [n for n in again["notes"] if n.startswith("Parts ")] == [
+        "Parts floors, startup are those of an earlier run (commit abc, d), merged.",
+        "Parts real are those of an earlier run (commit new, e), merged."]
 
 
 def test_startup_pieces(tmp_path):

@@ -72,7 +72,10 @@ _NO_CUB_LOCK = threading.Lock()
 def _plain_reductions():
     """CuPy's reductions without its CUB accelerator while any fit or
     prediction runs (a count of the scopes open, in every thread; the
-    setting is CuPy's, process-wide, restored when the last one ends).
+    setting is CuPy's, process-wide: the one before the first scope is
+    restored when the last one ends, and a change made meanwhile, in any
+    thread, is undone then; other threads' reductions run without CUB
+    meanwhile, as fast, only compiled differently).
 
     Rule: the package's reductions (``all``, ``any``, ``sum`` of arrays of
     every nonzero) use CuPy's own reduction kernels.  Why: CuPy compiles a
