@@ -192,7 +192,10 @@ def _linear_objective(backend, X, y, ws, *, loss, n_outputs, lam, fit_intercept)
     ``x`` holds ``W`` (n_features, n_outputs) row-major, then the intercepts.
     """
     xp = backend.xp
-    X = backend.put_csr(X, dtype=np.float64)
+    if isinstance(X, np.ndarray) and xp is np:  # a dense X on the CPU: BLAS products
+        X = np.asarray(X, dtype=np.float64)
+    else:
+        X = backend.put_csr(X, dtype=np.float64)
     d, D = X.shape[1], n_outputs
 
     def fun_grad(x):

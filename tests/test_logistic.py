@@ -389,3 +389,33 @@ def test_lbfgs_line_search_failure_from_tiny_weights_names_the_weights():
     msgs = [str(w.message) for w in rec if issubclass(w.category, ConvergenceWarning)]
     assert msgs and all("sample weights average 1e-30" in m and "divide C by k" in m
                         and "large values" not in m for m in msgs)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_cpu_lbfgs_on_dense_input_keeps_it_dense_and_fits_the_csr_model(n_classes,
+                                                                       monkeypatch):
+    """A mostly nonzero dense X on the CPU: the L-BFGS products are dense
+    (no CSR is made), and the model is the CSR fit's, to float64 rounding of
+    the products' sums; a mostly zero dense X goes through CSR."""
+    from sklearn_cuwide import _logistic, _solvers
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 12)).astype(np.float32)
+    X[rng.random(X.shape) < 0.2] = 0.0
+    y = rng.integers(0, n_classes, 600)
+    made = []
+    real = _solvers._linear_objective
+
+    def spy(backend, X, *a, **k):
+        made.append(type(X).__name__)
+        return real(backend, X, *a, **k)
+
+    monkeypatch.setattr(_solvers, "_linear_objective", spy)
+    dense = GPULogisticRegression(device="cpu", tol=1e-8, max_iter=500).fit(X, y)
+    csr = GPULogisticRegression(device="cpu", tol=1e-8, max_iter=500).fit(
+        sp.csr_matrix(X), y)
+    assert made == ["ndarray", "csr_matrix"]
+    np.testing.assert_allclose(dense.coef_, csr.coef_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dense.intercept_, csr.intercept_, rtol=1e-5, atol=1e-6)
+    sparse_dense = np.where(rng.random(X.shape) < 0.8, 0.0, X).astype(np.float32)
+    assert not _logistic._dense_enough(sparse_dense) and _logistic._dense_enough(X)
