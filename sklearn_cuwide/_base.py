@@ -339,6 +339,20 @@ def _schedule(est, *, partial):
 # --------------------------------------------------------------------------
 # prediction
 # --------------------------------------------------------------------------
+#: a dense X with at least this share of nonzeros keeps its dense products
+#: on the CPU (an L-BFGS fit, a prediction): BLAS costs every entry, a CSR
+#: product every nonzero at several times an entry's cost, and from about
+#: half nonzero the dense float64 copy takes no more memory than the CSR
+#: copies it replaces
+DENSE_MIN_SHARE = 0.5
+
+
+def dense_enough(X):
+    """A dense numpy ``X`` of at least :data:`DENSE_MIN_SHARE` nonzeros."""
+    return (isinstance(X, np.ndarray) and X.size > 0
+            and np.count_nonzero(X) >= DENSE_MIN_SHARE * X.size)
+
+
 def _decision_values(backend, X, heads, *, fit_linear=True, device_heads=None):
     """Decision values (n_samples, sum of outputs), numpy float64.
 
@@ -347,7 +361,10 @@ def _decision_values(backend, X, heads, *, fit_linear=True, device_heads=None):
     stacked column-wise (one head for LR, one per class for one-vs-rest FM).
     ``device_heads``, when given, holds the heads already on the backend.
     """
-    Xd = backend.put_csr(canonical_csr(X))
+    if backend.name == "cpu" and dense_enough(X):  # BLAS products (see DENSE_MIN_SHARE)
+        Xd = X
+    else:
+        Xd = backend.put_csr(canonical_csr(X))
     if device_heads is None:
         device_heads = _heads_to_device(backend, heads)
     cols = [

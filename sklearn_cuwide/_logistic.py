@@ -18,6 +18,7 @@ from ._base import (
     _schedule,
     _WideClassifierMixin,
     commit,
+    dense_enough,
     refuse_balanced_partial_fit,
     releases_memory,
     restore_on_failure,
@@ -86,19 +87,6 @@ def _partial_fit_needs_minibatch(est):
         "solver='sgd' or solver='adagrad' (e.g. "
         f"{type(est).__name__}(solver='adagrad'))."
     )
-
-
-#: a dense X with at least this share of nonzeros keeps its dense products
-#: in a CPU L-BFGS fit: BLAS costs every entry, a CSR product every nonzero
-#: at several times an entry's cost, and from about half nonzero the dense
-#: float64 copy takes no more memory than the CSR copies it replaces
-DENSE_MIN_SHARE = 0.5
-
-
-def _dense_enough(X):
-    """A dense numpy ``X`` of at least :data:`DENSE_MIN_SHARE` nonzeros."""
-    return (isinstance(X, np.ndarray) and X.size > 0
-            and np.count_nonzero(X) >= DENSE_MIN_SHARE * X.size)
 
 
 class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstimator):
@@ -517,7 +505,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         """The fitted attributes of an L-BFGS fit (a dict; nothing is set)."""
         n_classes = classes.size
         D = 1 if n_classes == 2 else n_classes
-        if backend.name == "cpu" and _dense_enough(X):
+        if backend.name == "cpu" and dense_enough(X):
             # the CPU's products of a mostly nonzero dense X: BLAS, not CSR
             Xc = np.asarray(X, dtype=COMPUTE_DTYPE)
         else:

@@ -397,7 +397,7 @@ def test_cpu_lbfgs_on_dense_input_keeps_it_dense_and_fits_the_csr_model(n_classe
     """A mostly nonzero dense X on the CPU: the L-BFGS products are dense
     (no CSR is made), and the model is the CSR fit's, to float64 rounding of
     the products' sums; a mostly zero dense X goes through CSR."""
-    from sklearn_cuwide import _logistic, _solvers
+    from sklearn_cuwide import _base, _solvers
 
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 12)).astype(np.float32)
@@ -418,4 +418,7 @@ def test_cpu_lbfgs_on_dense_input_keeps_it_dense_and_fits_the_csr_model(n_classe
     np.testing.assert_allclose(dense.coef_, csr.coef_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dense.intercept_, csr.intercept_, rtol=1e-5, atol=1e-6)
     sparse_dense = np.where(rng.random(X.shape) < 0.8, 0.0, X).astype(np.float32)
-    assert not _logistic._dense_enough(sparse_dense) and _logistic._dense_enough(X)
+    assert not _base.dense_enough(sparse_dense) and _base.dense_enough(X)
+    # predictions of dense input: the CSR input's, to float64 rounding
+    np.testing.assert_allclose(dense.predict_proba(X), dense.predict_proba(sp.csr_matrix(X)),
+                               rtol=1e-12, atol=1e-12)
