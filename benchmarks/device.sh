@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, from the repository root, in one device call:
 #   bash benchmarks/device.sh [STEP ...]    steps: checks tests memcheck racecheck demo bench
-#                                           bench-more startup (default: checks demo bench
+#                                           bench-more startup ooc (default: checks demo bench
 #                                           bench-more; each call at most 10 minutes: see
 #                                           benchmarks/README.md for how to split them)
 # "checks" is tests, memcheck and racecheck side by side: the GPU tests in
@@ -86,10 +86,11 @@ for s in ${*:-checks demo bench bench-more}; do
     bench-more) step bench-more python -m benchmarks --gpu --parts real,ablation,scaling \
         --merge benchmarks/results/results.json --out "$OUT/results" ;;
     startup) step startup python -m benchmarks --gpu --parts startup --out "$OUT/startup" ;;
-    *) echo "unknown step $s (checks tests memcheck racecheck demo bench bench-more startup)" >&2 ;;
+    ooc) step ooc python -m benchmarks.out_of_core --out "$OUT/ooc" ;;
+    *) echo "unknown step $s (checks tests memcheck racecheck demo bench bench-more startup ooc)" >&2 ;;
   esac
 done
-for log in bench bench-more startup; do
+for log in bench bench-more startup ooc; do
   [[ -f "$OUT/$log.log" ]] && sed -n '/^wrote /,$p' "$OUT/$log.log"
 done
 echo

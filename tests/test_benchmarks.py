@@ -693,3 +693,23 @@ def test_ours_fit_reports_the_first_fit_and_the_median_of_the_repeats(monkeypatc
     cpu = systems.ours_fit(Ctx(False, {"budget_s": 1e9}), d,
                            lambda: GPULogisticRegression(device="cpu"))
     assert cpu["fit_repeats"] == 1 and cpu["fit_first_s"] == cpu["fit_s"]
+
+
+def test_out_of_core_harness_smoke(tmp_path):
+    """The out-of-core harness end to end on a few thousand rows (the CPU
+    without a GPU: the limits do not apply there, the plumbing does), and
+    its reading of verbose epoch lines."""
+    from benchmarks import out_of_core
+
+    assert out_of_core.epoch_seconds(
+        "Stage: layout in 0.1 s\nEpoch 1/2 in 0.250 s: loss 0.5\n"
+        "Model 1 of 3, epoch 2/2 in 1.5 s: loss 0.4\n") == [0.25, 1.5]
+    assert out_of_core.main(["--smoke", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "out_of_core.json").read_text())
+    for conc in ("1", "auto"):
+        run = res["model"]["runs"][conc]
+        assert run["resident"]["epoch_s"] and run["limited"]["epoch_s"]
+        assert 0.5 < run["resident"]["test_auc"] <= 1.0
+    assert res["stream"]["layout_bytes"] > 0 and res["stream"]["run"]["epoch_s"]
+    assert res["partial"]["chunks"] == 3 and res["partial"]["partial_s"] > 0
+    assert "partial_fit from disk" in out_of_core.table(res)
