@@ -590,12 +590,24 @@ class _CuWideEstimator(BaseEstimator):
 
         The cache is used while the public fitted arrays are the very
         objects it was made from (assigning a new ``coef_`` drops it) and
-        the prediction runs on the backend that made it.
+        the prediction runs on the backend that made it.  A model larger
+        than the device budget under ``device_memory_limit`` (one a fit
+        trained out of core) is not cached: each prediction plans its own
+        memory, as for a model that never was on the device.
         """
+        self.__dict__.pop("_gpu_cache", None)
+        heads = self._heads()
+        free_total = backend.device_memory()
+        if free_total is not None:
+            need = sum(int(a.nbytes) for head in heads for a in head if a is not None)
+            budget = _memory.device_budget(get_config()["device_memory_limit"],
+                                           *free_total)[0]
+            if need > budget:
+                return
         self._gpu_cache = {
             "backend": backend,
             "src": self._public_arrays(),
-            "heads": _heads_to_device(backend, self._heads()),
+            "heads": _heads_to_device(backend, heads),
         }
 
     def _valid_gpu_cache(self, backend):

@@ -455,3 +455,33 @@ def test_a_method_out_of_memory_releases_again_once_its_frame_has_ended():
     with pytest.raises(_memory.InsufficientMemoryError, match="planned"):
         est.predict(None)  # a refusal before allocating: nothing to release
     assert seen == [True]
+
+
+def test_a_model_wider_than_the_device_budget_is_not_cached_there():
+    """After a fit, the fitted model is kept on the device for predictions
+    only when it fits the budget under device_memory_limit (a model trained
+    out of core is not uploaded whole afterwards); else no cache, and the
+    predictions plan their own memory.  (A stand-in device backend.)"""
+    import types
+
+    import scipy.sparse as sp
+
+    from sklearn_cuwide import GPUFactorizationMachine, config_context
+    from sklearn_cuwide._backends import _cpu
+
+    X = sp.random(200, 50, density=0.2, format="csr", random_state=0)
+    y = np.arange(200) % 2
+    est = GPUFactorizationMachine(n_factors=4, max_iter=2, device="cpu").fit(X, y)
+    uploads = []
+    dev = types.SimpleNamespace(
+        name="stand-in", device_memory=lambda: (10**9, 2 * 10**9),
+        to_device=lambda a: uploads.append(a.nbytes) or a)
+    need = sum(a.nbytes for h in est._heads() for a in h if a is not None)
+    with config_context(device_memory_limit=need - 1):
+        est._set_gpu_cache(dev)
+    assert uploads == [] and "_gpu_cache" not in est.__dict__
+    with config_context(device_memory_limit=need):
+        est._set_gpu_cache(dev)
+    assert sum(uploads) == need and est._valid_gpu_cache(dev) is not None
+    est._set_gpu_cache(_cpu)  # the CPU: the arrays themselves, always
+    assert est._valid_gpu_cache(_cpu) is not None
