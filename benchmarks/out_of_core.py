@@ -39,6 +39,9 @@ import numpy as np
 from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 from sklearn.metrics import roc_auc_score
 
+from .suite import gpu_available
+from .systems import h2d_bandwidth
+
 #: the targets of the issue
 EPOCH_RATIO_TARGET = 2.0
 AUC_GAP_TARGET = 0.002
@@ -54,12 +57,12 @@ def epoch_seconds(text):
 
 
 def _gpu():
-    try:
-        import cupy as cp
-
-        return cp if cp.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # no cupy, no driver: the CPU
+    """cupy when there is a GPU, else None (the CPU)."""
+    if not gpu_available():
         return None
+    import cupy as cp
+
+    return cp
 
 
 def _pool_reset(cp):
@@ -129,22 +132,6 @@ def part_model(args, cp, device):
     return out
 
 
-def pinned_rate(cp, nbytes=1 << 30):
-    """Host-to-device bytes per second from pinned memory (one copy of
-    ``nbytes``, after one untimed), or None on the CPU."""
-    if cp is None:
-        return None
-    host = cp.cuda.alloc_pinned_memory(nbytes)
-    src = np.frombuffer(host, dtype=np.uint8, count=nbytes)
-    dst = cp.empty(nbytes, dtype=cp.uint8)
-    dst.set(src)
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    dst.set(src)
-    cp.cuda.Device().synchronize()
-    return nbytes / (time.perf_counter() - t0)
-
-
 def part_stream(args, cp, device):
     from sklearn_cuwide import GPULogisticRegression
 
@@ -159,7 +146,7 @@ def part_stream(args, cp, device):
 
     make().fit(X[:4096], y[:4096])  # the kernels compiled before any timing
     run = timed_fit(make, X, y, Xt, yt, limit=limit, cp=cp)
-    rate = pinned_rate(cp)
+    rate = None if cp is None else h2d_bandwidth()
     epoch = run["epoch_s"][-1] if run["epoch_s"] else None
     streamed = layout_bytes / epoch if epoch else None
     return {"rows": X.shape[0], "layout_bytes": layout_bytes, "limit": limit, "run": run,

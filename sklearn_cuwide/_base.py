@@ -597,11 +597,9 @@ class _CuWideEstimator(BaseEstimator):
         """
         self.__dict__.pop("_gpu_cache", None)
         heads = self._heads()
-        free_total = backend.device_memory()
-        if free_total is not None:
+        budget = _available(backend)[0].get("device")
+        if budget is not None:
             need = sum(int(a.nbytes) for head in heads for a in head if a is not None)
-            budget = _memory.device_budget(get_config()["device_memory_limit"],
-                                           *free_total)[0]
             if need > budget:
                 return
         self._gpu_cache = {

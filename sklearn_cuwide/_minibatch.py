@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state
 from . import _device, _memory
 from ._backends import _concurrency
 from ._solvers import _SCALE_HINT, fit_minibatch
-from ._sparse import canonical_csr
+from ._sparse import canonical_csr, held_columns, with_columns
 from ._state import FitProgress
 from ._warn import warn
 
@@ -148,7 +148,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     used = _features_used(X) if warm is not None and va is None else None
     if used is not None:
         full, warm = warm, [st.permute_features(used) for st in warm]
-        X = _columns(X, used)
+        X = with_columns(X, used)
     progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
                                                  schedule.batch_size)
@@ -208,25 +208,11 @@ COMPACT_SHARE = 0.5
 def _features_used(X):
     """The features (sorted) that a host CSR ``X`` holds, when they are at
     most :data:`COMPACT_SHARE` of its columns; else None (and None for a
-    matrix on a device).  O(nnz + n_features): a mark per feature, no sort."""
+    matrix on a device)."""
     if not sp.issparse(X) or X.shape[1] == 0:
         return None
-    held = np.zeros(X.shape[1], dtype=bool)
-    held[X.indices] = True
-    used = np.flatnonzero(held)
+    used = held_columns(X)
     return used if used.size <= COMPACT_SHARE * X.shape[1] else None
-
-
-def _columns(X, used):
-    """``X[:, used]`` of a canonical CSR whose entries are all in ``used``
-    (sorted): its column ids renamed through a lookup table (O(nnz +
-    n_features)), the rows as they are (canonical)."""
-    new = np.zeros(X.shape[1], dtype=X.indices.dtype)
-    new[used] = np.arange(used.size, dtype=X.indices.dtype)
-    indices = new[X.indices]
-    out = sp.csr_matrix((X.data, indices, X.indptr), shape=(X.shape[0], used.size))
-    out.has_canonical_format = True
-    return out
 
 
 def validation_attrs(results):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._layout import TileLayout
+from ._sparse import with_columns
 from ._state import ModelState
 
 __all__ = [
@@ -424,13 +425,10 @@ def decision_function_out_of_core(backend, X, w, b, V, n_slots, *, fit_linear=Tr
     go to the device and the run's column ids are renumbered to them (in
     order, so each row sums its terms in the same order as the full
     product).  Returns float64 ``(n_samples, n_outputs)`` on the host."""
-    import scipy.sparse as sp
-
     out = np.empty((X.shape[0], w.shape[1]))
     for r0, r1, cols in predict_chunks(X, n_slots, max_rows):
         part = X[r0:r1]
-        local = np.searchsorted(cols, part.indices)
-        Xc = sp.csr_matrix((part.data, local, part.indptr), shape=(r1 - r0, cols.size))
+        Xc = with_columns(part, cols)
         Z = backend.decision_function(
             backend.put_csr(Xc), backend.to_device(w[cols]), backend.to_device(b),
             None if V is None else backend.to_device(V[cols]), fit_linear=fit_linear,

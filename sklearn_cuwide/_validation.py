@@ -68,13 +68,15 @@ _pool = None
 _pool_lock = threading.Lock()
 
 
-def _host_pool():
-    """The process's pool of :data:`HOST_THREADS` threads, made once."""
+def host_pool():
+    """The process's pool of :data:`HOST_THREADS` threads for host passes
+    over large arrays (these checks, the upload's pinned fills), made once
+    (again in a forked child)."""
     global _pool
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=HOST_THREADS,
-                                       thread_name_prefix="cuwide-check")
+                                       thread_name_prefix="cuwide-host")
         return _pool
 
 
@@ -98,7 +100,7 @@ def host_reduce(func, a, combine):
     if k == 1:
         return combine([func(a)])
     cuts = [n * i // k for i in range(k + 1)]
-    return combine(list(_host_pool().map(func, [a[i:j] for i, j in zip(cuts[:-1], cuts[1:])])))
+    return combine(list(host_pool().map(func, [a[i:j] for i, j in zip(cuts[:-1], cuts[1:])])))
 
 
 def surely_finite(X):

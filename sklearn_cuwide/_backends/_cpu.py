@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from .. import _memory
 from .._layout import penalty_scale
 from .._loss import pointwise_loss
-from .._sparse import canonical_csr
+from .._sparse import canonical_csr, held_columns, with_columns
 from .._validation import check_sparse_structure
 
 name = "cpu"
@@ -286,9 +286,8 @@ def decision_function(X, w, b, V=None, fit_linear=True):
     of ``w`` and ``V`` would be most of it)."""
     X = canonical_csr(X) if sp.issparse(X) else np.asarray(X)
     if sp.issparse(X) and 4 * X.nnz < X.shape[1]:
-        cols, local = np.unique(X.indices, return_inverse=True)
-        X = sp.csr_matrix((X.data, local.astype(X.indices.dtype).ravel(), X.indptr),
-                          shape=(X.shape[0], cols.shape[0]))
+        cols = held_columns(X)
+        X = with_columns(X, cols)
         w = w[cols]
         V = None if V is None else V[cols]
     if V is not None and X.dtype != np.float64:  # the squares in float64 too

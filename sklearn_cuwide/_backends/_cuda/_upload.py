@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numpy as np
 
 from ... import _layout
-from ..._validation import usable_cores
+from ..._validation import HOST_THREADS, host_pool
 
 __all__ = ["PinnedUploader", "build_site", "split_copy", "upload_csr", "build_on_device",
            "build_from_host", "stream_chunks"]
@@ -222,10 +222,10 @@ def build_site(nnz, n_rows, index_itemsize, value_itemsize, budget, *, on_device
     return "device" if csr + layout <= budget else "host_plan"
 
 
-#: host threads that fill a pinned slot with a run of nonzeros: one core's
-#: copy out of pageable memory is slower than the copy engine's from pinned
-#: memory (docs/design/layout_build.rst)
-FILL_THREADS = min(8, usable_cores())
+#: pieces a pinned slot's fill is cut into, run on the host pool: one
+#: core's copy out of pageable memory is slower than the copy engine's from
+#: pinned memory (docs/design/layout_build.rst)
+FILL_THREADS = HOST_THREADS
 
 
 def split_copy(pool, pairs, n_parts):
@@ -271,24 +271,23 @@ def upload_csr(X, xp, *, chunk_nnz=1 << 22, fill_threads=None):
     up = PinnedUploader(xp, [(most, indices.dtype), (most, data.dtype)], device_buffers=False)
     compute = xp.cuda.get_current_stream()
     n_fill = max(1, int(FILL_THREADS if fill_threads is None else fill_threads))
+    pool = host_pool()
 
-    with ThreadPoolExecutor(max_workers=n_fill, thread_name_prefix="cuwide-fill") as pool:
+    def stage(a, b):
+        def fill(idx, val):
+            split_copy(pool, [(idx, indices[a:b]), (val, data[a:b])], n_fill)
 
-        def stage(a, b):
-            def fill(idx, val):
-                split_copy(pool, [(idx, indices[a:b]), (val, data[a:b])], n_fill)
+        return up.stage(fill, (b - a, b - a))
 
-            return up.stage(fill, (b - a, b - a))
-
-        try:
-            ticket = stage(*bounds[0])
-            for k, (a, b) in enumerate(bounds):
-                slot, _ = up.upload(ticket, into=[d_indices[a:b], d_data[a:b]])
-                up.acquire(slot, compute)
-                if k + 1 < len(bounds):  # the worker fills the other slot meanwhile
-                    ticket = stage(*bounds[k + 1])
-        finally:
-            up.close()  # every copy done: the pinned buffers may go
+    try:
+        ticket = stage(*bounds[0])
+        for k, (a, b) in enumerate(bounds):
+            slot, _ = up.upload(ticket, into=[d_indices[a:b], d_data[a:b]])
+            up.acquire(slot, compute)
+            if k + 1 < len(bounds):  # the worker fills the other slot meanwhile
+                ticket = stage(*bounds[k + 1])
+    finally:
+        up.close()  # every copy done: the pinned buffers may go
     return d_indptr, d_indices, d_data
 
 
@@ -307,11 +306,10 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
     rows = plan_kw.get("rows")
     n_rows = X.shape[0] if rows is None else len(rows)
     # the row order is host work of O(n_rows): drawn while the CSR crosses
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-order") as pool:
-        order = pool.submit(_layout.row_permutation, n_rows, plan_kw.get("shuffle", False),
-                            plan_kw.get("random_state"))
-        indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
-        row_order = order.result()
+    order = host_pool().submit(_layout.row_permutation, n_rows,
+                               plan_kw.get("shuffle", False), plan_kw.get("random_state"))
+    indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
+    row_order = order.result()
     return _layout.build_layout_csr(X.shape, indptr, indices, data, xp=xp, dtype=dtype,
                                     chunk_nnz=chunk_nnz, row_order=row_order, **plan_kw)
 
