@@ -571,14 +571,20 @@ class LayoutTiler:
         numpy, or cupy: where the nonzeros are sorted and stored.
     dtype : dtype
         Dtype of the stored values.
+    empty : callable or None
+        ``empty(n, dtype)`` makes the layout's three nonzero arrays (default
+        ``xp.empty``).  Host (numpy) arrays with a device ``xp``: each
+        chunk is sorted on the device and copied out when stored (a layout
+        streamed from page-locked host memory, built on the GPU).
     """
 
-    def __init__(self, plan, xp, dtype):
+    def __init__(self, plan, xp, dtype, empty=None):
         self.plan, self.xp, self.dtype = plan, xp, dtype
         n = plan.nnz
-        self.feat = xp.empty(n, dtype=xp.int32)
-        self.row = xp.empty(n, dtype=xp.uint16)
-        self.val = xp.empty(n, dtype=dtype)
+        empty = xp.empty if empty is None else empty
+        self.feat = empty(n, np.int32)
+        self.row = empty(n, np.uint16)
+        self.val = empty(n, np.dtype(dtype))
         self.tile_counts = np.zeros(2 * plan.n_sblocks, dtype=np.int64)
         self._rank = xp.asarray(plan.feature_rank)
         self._bsp = xp.asarray(plan.batch_sblock_ptr)
@@ -640,9 +646,11 @@ class LayoutTiler:
             g, nf, local, vals = g[kept], nf[kept], local[kept], vals[kept]
         del nonzero
         a, m = self._pos, int(vals.shape[0])
-        self.feat[a : a + m] = nf
-        self.row[a : a + m] = local
-        self.val[a : a + m] = vals
+        for dst, src in ((self.feat, nf), (self.row, local), (self.val, vals)):
+            if hasattr(src, "get") and not hasattr(dst, "get"):  # device -> host
+                src.astype(dst.dtype, copy=False).get(out=dst[a : a + m])
+            else:
+                dst[a : a + m] = src
         tile = 2 * g + (nf >= p.n_hot)
         b0, b1 = p.chunks[k]
         g0, g1 = int(p.batch_sblock_ptr[b0]), int(p.batch_sblock_ptr[b1])
@@ -677,11 +685,12 @@ class LayoutTiler:
         )
 
 
-def tile_layout(plan, xp=np, dtype=np.float32):
+def tile_layout(plan, xp=np, dtype=np.float32, empty=None):
     """Tile every chunk of ``plan`` with ``xp``, one after the other: each
     chunk is read from the source and, when ``xp`` is not the source's
-    module, copied over with ``xp.asarray`` (synchronously)."""
-    tiler = LayoutTiler(plan, xp, dtype)
+    module, copied over with ``xp.asarray`` (synchronously).  ``empty``:
+    :class:`LayoutTiler`'s."""
+    tiler = LayoutTiler(plan, xp, dtype, empty=empty)
     for k in range(len(plan.chunks)):
         indptr, indices, data = plan.read_chunk(k)
         chunk = (xp.asarray(indptr, dtype=xp.int64), xp.asarray(indices), xp.asarray(data))

@@ -315,11 +315,13 @@ def _validation_parts(s, where):
     return parts
 
 
-def _minibatch_parts(s, where, layout):
+def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
     """``{phase: {part: bytes}}`` of a mini-batch fit on ``where`` ("host" for
     the CPU backend; "device" and "host" for the CUDA backend); ``layout``:
     "host" (CPU backend), "device" (built and resident on the GPU),
-    "uploaded" (built on the host, resident on the GPU) or "streamed"."""
+    "uploaded" (built on the host, resident on the GPU) or "streamed";
+    ``build_chunk_nnz``: a streamed layout tiled on the GPU into pinned host
+    memory, this many nonzeros at a time (None: built on the host)."""
     n_batches, n_sblocks = layout_blocks(s.n_rows, s.batch_size, s.sample_block)
     lay = layout_bytes(s.nnz, s.n_rows, s.batch_size, s.sample_block)
     state = state_bytes(s.n_features, s.n_outputs, s.n_factors, s.adagrad)
@@ -333,7 +335,15 @@ def _minibatch_parts(s, where, layout):
         if s.on_device and host_built:
             base["X copied to the host"] = csr_bytes(s.nnz, n, s.index_itemsize,
                                                      s.value_itemsize)
-        if host_built:
+        if build_chunk_nnz is not None:  # tiled on the GPU into pinned memory
+            c_nnz, c_rows, _ = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
+                                            build_chunk_nnz)
+            phases["layout build"] = {
+                **base, "the training layout (pinned)": lay,
+                "two chunks' rows, gathered into pinned slots": 2 * csr_bytes(
+                    c_nnz, c_rows, s.index_itemsize, s.value_itemsize),
+            }
+        elif host_built:
             c_nnz, c_rows, _ = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
                                             HOST_CHUNK_NNZ)
             phases["layout build"] = {
@@ -359,7 +369,7 @@ def _minibatch_parts(s, where, layout):
         if s.validation_fraction is not None and (
                 layout == "host" or (s.model_rows is not None and s.model_rows < d)):
             train["the best epoch's copy of the model state"] = state
-        if layout == "streamed":
+        if layout == "streamed" and build_chunk_nnz is None:  # else read where it is
             train["two pinned staging chunks"] = 2 * STREAM_CHUNK_BYTES
         elif layout == "uploaded":
             train["two pinned staging chunks"] = 2 * min(lay, STREAM_CHUNK_BYTES)
@@ -382,6 +392,15 @@ def _minibatch_parts(s, where, layout):
             "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
             "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if s.on_device
                                                           else 0),
+            "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
+        }
+    elif layout == "streamed" and build_chunk_nnz is not None:
+        c_nnz, c_rows, n_chunks = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
+                                               build_chunk_nnz)
+        phases["layout build"] = {
+            **base, "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
+            "chunks of X being sorted": (2 if n_chunks > 1 else 1) * csr_bytes(
+                c_nnz, c_rows, s.index_itemsize, s.value_itemsize),
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     train = dict(base)
@@ -439,11 +458,12 @@ def _lbfgs_parts(s, where, device_backend):
     return {"training": parts}
 
 
-def fit_needs(shape, backend, layout=None):
+def fit_needs(shape, backend, layout=None, build_chunk_nnz=None):
     """``{"host": phases, "device": phases}`` of a fit (``device`` only for
     the CUDA backend), each ``{phase: {part: bytes}}``.  ``backend``: "cpu"
     or "cuda"; ``layout``: for the CUDA backend's mini-batch fits, "device",
-    "uploaded" or "streamed" (:func:`_minibatch_parts`)."""
+    "uploaded" or "streamed", with ``build_chunk_nnz`` for a streamed
+    layout tiled on the GPU (:func:`_minibatch_parts`)."""
     if shape.solver == "lbfgs":
         out = {"host": _lbfgs_parts(shape, "host", backend == "cuda")}
         if backend == "cuda":
@@ -451,8 +471,8 @@ def fit_needs(shape, backend, layout=None):
         return out
     if backend == "cpu":
         return {"host": _minibatch_parts(shape, "host", "host")}
-    return {"host": _minibatch_parts(shape, "host", layout),
-            "device": _minibatch_parts(shape, "device", layout)}
+    return {"host": _minibatch_parts(shape, "host", layout, build_chunk_nnz),
+            "device": _minibatch_parts(shape, "device", layout, build_chunk_nnz)}
 
 
 def predict_needs(shape, backend):
@@ -528,6 +548,10 @@ class MemoryPlan:
         The model's feature rows on the device when it trains out of core
         (its parameters and optimiser state do not fit beside the layout),
         else None.
+    build_chunk_nnz : int or None
+        A "streamed" layout tiled on the GPU into page-locked host memory,
+        this many nonzeros at a time (:func:`_streamed_build`); None:
+        built on the host.
     """
 
     what: str
@@ -539,6 +563,7 @@ class MemoryPlan:
     fits: bool
     suggestions: tuple = ()
     model_rows: object = None
+    build_chunk_nnz: object = None
 
     def peak(self, where):
         """The largest phase's bytes on ``where`` ("host" or "device")."""
@@ -610,21 +635,26 @@ def plan_fit(shape, backend, available, how):
     The CUDA backend's mini-batch fits take the first layout that fits:
     built on the GPU and resident ("device"), built on the host and resident
     ("uploaded", the GPU build's temporaries did not fit), or streamed every
-    epoch ("streamed", the layout itself did not fit).  Nothing fits: the
-    plan says so (``fits`` False) with the settings that would fit.
+    epoch ("streamed", the layout itself did not fit; tiled on the GPU into
+    pinned host memory where a chunk's sort fits, else on the host).
+    Nothing fits: the plan says so (``fits`` False) with the settings that
+    would fit.
     """
     if backend == "cuda" and shape.solver != "lbfgs":
         for layout in ("device", "uploaded", "streamed"):
             needs = fit_needs(shape, backend, layout)
             if _within(needs, available):
+                chunk, needs = _streamed_build(shape, layout, available, needs)
                 return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how),
-                                  True)
+                                  True, build_chunk_nnz=chunk)
         for layout in ("device", "uploaded", "streamed"):
             rows = _model_rows(shape, layout, available)
             if rows is not None:
                 part = replace(shape, model_rows=rows)
-                return MemoryPlan("fit", backend, layout, fit_needs(part, backend, layout),
-                                  dict(available), dict(how), True, model_rows=rows)
+                chunk, needs = _streamed_build(part, layout, available,
+                                               fit_needs(part, backend, layout))
+                return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how),
+                                  True, model_rows=rows, build_chunk_nnz=chunk)
         needs = fit_needs(shape, backend, "streamed")
     else:
         layout = "host" if backend == "cpu" and shape.solver != "lbfgs" else None
@@ -633,6 +663,29 @@ def plan_fit(shape, backend, available, how):
             return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how), True)
     return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how), False,
                       _fit_suggestions(shape, backend, available, needs))
+
+
+#: chunks a streamed layout's GPU build is tried with, largest first
+STREAM_BUILD_CHUNKS = tuple(DEVICE_CHUNK_NNZ >> j for j in range(6))
+
+
+def _streamed_build(shape, layout, available, needs):
+    """``(build_chunk_nnz, needs)``: a host matrix's streamed layout is
+    tiled on the GPU into pinned host memory, in the largest chunk of
+    :data:`STREAM_BUILD_CHUNKS` whose sort fits beside nothing else (the
+    build ends before training starts); none fits, or another layout:
+    ``(None, needs)`` (built on the host).
+
+    Rule: the GPU build wherever its phase fits.  Why: the host build is
+    numpy on one thread over every nonzero; the GPU's is the same layout,
+    bit for bit."""
+    if layout != "streamed" or shape.on_device:
+        return None, needs
+    for chunk in STREAM_BUILD_CHUNKS:
+        with_build = fit_needs(shape, "cuda", layout, build_chunk_nnz=chunk)
+        if _within(with_build, available):
+            return chunk, with_build
+    return None, needs
 
 
 def least_model_rows(shape):

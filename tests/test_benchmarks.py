@@ -711,5 +711,40 @@ def test_out_of_core_harness_smoke(tmp_path):
         assert run["resident"]["epoch_s"] and run["limited"]["epoch_s"]
         assert 0.5 < run["resident"]["test_auc"] <= 1.0
     assert res["stream"]["layout_bytes"] > 0 and res["stream"]["run"]["epoch_s"]
-    assert res["partial"]["chunks"] == 3 and res["partial"]["partial_s"] > 0
-    assert "partial_fit from disk" in out_of_core.table(res)
+    assert res["partial"]["chunks"] == 3
+    for reader in ("npz", "svmlight"):
+        part = res["partial"][reader]
+        assert part["read_s"] > 0 and part["partial_fit_s"] > 0
+        assert 0.5 < part["test_auc"] <= 1.0
+        assert f"partial_fit from {reader} files" in out_of_core.table(res)
+    # the pool's peaks: what a wrapped allocator sees (a stand-in pool)
+    pool = _StandInPool()
+    fake = type("cp", (), {"get_default_memory_pool": staticmethod(lambda: pool),
+                           "cuda": type("cuda", (), {"set_allocator": staticmethod(
+                               lambda f: setattr(pool, "allocator", f))})})
+    with out_of_core.pool_peaks(fake) as peaks:
+        pool.allocator(100)
+        pool.free(100)
+        pool.allocator(30)
+    assert peaks == {"used": 100, "held": 130} and pool.allocator == pool.malloc
+
+
+class _StandInPool:
+    """Bytes in use and held (a freed block is kept, never reused): 7 in use
+    before."""
+
+    def __init__(self):
+        self.used, self.held, self.allocator = 7, 7, None
+
+    def used_bytes(self):
+        return self.used
+
+    def total_bytes(self):
+        return self.held
+
+    def malloc(self, n):
+        self.used += n
+        self.held += n
+
+    def free(self, n):
+        self.used -= n

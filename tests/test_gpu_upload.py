@@ -89,7 +89,11 @@ def _kw(shuffle, batch_size, sample_block):
 # a stand-in for cupy (numpy, with deferred copies)
 # --------------------------------------------------------------------------
 class _Pinned(bytearray):
-    """Host memory from the stand-in's ``alloc_pinned_memory``."""
+    """Host memory from the stand-in's ``alloc_pinned_memory``, or its
+    ``PinnedMemory`` (bytes) seen through ``PinnedMemoryPointer(mem, 0)``."""
+
+    def __init__(self, n_or_mem, offset=0):
+        super().__init__(n_or_mem if isinstance(n_or_mem, int) else len(n_or_mem) - offset)
 
 
 def _is_pinned(a):
@@ -167,9 +171,14 @@ class _Dev(np.ndarray):
         fake = _FakeCupy.current
         self.alloc_seq = getattr(obj, "alloc_seq", fake._null.seq if fake else 0)
 
-    def get(self, stream=None):
+    def get(self, stream=None, out=None):
         _FakeCupy.current.trace.append("sync")
-        return np.array(self.view(np.ndarray))
+        if out is None:
+            return np.array(self.view(np.ndarray))
+        assert type(out) is np.ndarray and out.dtype == self.dtype
+        assert out.shape == self.shape and out.flags.c_contiguous
+        out[...] = self.view(np.ndarray)
+        return out
 
     def any(self, *a, **k):
         _FakeCupy.current.trace.append("sync")
@@ -196,6 +205,9 @@ class _Dev(np.ndarray):
 
 
 class _Cuda:
+    PinnedMemory = _Pinned
+    PinnedMemoryPointer = _Pinned
+
     def __init__(self, fake):
         self.fake = fake
 
@@ -286,6 +298,26 @@ def test_overlapped_build_matches_numpy_build(case):
     assert fake.n_async_copies == 0 and not fake.streams
     for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
+def test_build_into_pinned_host_memory_matches_numpy_build(case):
+    """``host_out``: each chunk sorted on the 'device' and copied out into
+    the layout's page-locked host arrays; the numpy build's layout, bit for
+    bit, whose nonzeros are recognised as pinned (and a numpy build's not)."""
+    shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
+    up = _upload_module()
+    rng = np.random.default_rng()
+    X = _problem(rng, int64=int64, dup=dup)
+    kw = _kw(shuffle, batch_size, sample_block)
+    A = build_layout(X, **kw)
+    for chunk in (chunk_nnz, 10**9):  # overlapped chunks, and one synchronous chunk
+        fake = _FakeCupy()
+        B = up.build_from_host(X, fake, chunk_nnz=chunk, host_out=True, **kw)
+        _assert_same(A, B, f"into pinned memory, chunk_nnz={chunk}")
+        for a in (B.feat, B.row, B.val):
+            assert type(a) is np.ndarray and _is_pinned(a) and up.is_pinned(fake, a)
+    assert not any(up.is_pinned(fake, a) for a in (A.feat, A.row, A.val, X.data))
 
 
 def test_single_chunk_and_empty_matrix_do_not_stage():
@@ -381,13 +413,16 @@ def test_error_in_a_gather_stops_the_worker_and_the_copies(monkeypatch):
     assert not copy.queue and not copy.in_flight  # closed: every copy waited for
 
 
-def _stream_pass(up, fake, L, bounds, order, resident):
-    """One pass of stream_chunks; the 'kernel' copies each chunk out."""
-    host = (L.feat, L.row, L.val)
+def _stream_pass(up, fake, L, bounds, order, resident, host=None):
+    """One pass of stream_chunks; the 'kernel' copies each chunk out.
+    ``host``: the nonzeros in pinned memory (copied from where they are)."""
+    pinned = host is not None
+    host = (L.feat, L.row, L.val) if host is None else host
     out = [np.full(a.shape, 7, dtype=a.dtype) for a in host]
     seen = []
     for k, arrays, base in up.stream_chunks(
-            fake.uploader, host, bounds, order, fake._null, resident=resident):
+            fake.uploader, host, bounds, order, fake._null, resident=resident,
+            pinned=pinned):
         a, b = bounds[k]
         for o, d in zip(out, arrays):
             o[a:b] = d[a - base:b - base]
@@ -425,6 +460,36 @@ def test_streamed_chunks_reach_the_kernel(resident):
     fake.uploader.close()
     (copy,) = fake.streams
     assert not copy.queue and not copy.in_flight
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_streamed_chunks_from_pinned_memory_are_copied_where_they_are(resident):
+    """A layout whose nonzeros are in pinned memory: no slot buffers on the
+    host and no fill; every copy reads the layout itself (the stand-in
+    refuses an asynchronous copy from pageable memory), each chunk once a
+    pass, for two passes in different orders."""
+    up = _upload_module()
+    rng = np.random.default_rng()
+    L = build_layout(_problem(rng), **_kw(True, 64, 30))
+    cuts = np.unique(np.r_[0, rng.integers(0, L.nnz, 9), L.nnz])
+    bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    fake = _FakeCupy()
+    host = []
+    for a in (L.feat, L.row, L.val):
+        p = up.pinned_empty(fake, a.shape[0], a.dtype)
+        p[...] = a
+        host.append(p)
+    dev = [fake.zeros(a.shape, dtype=a.dtype) for a in host] if resident else None
+    fake.uploader = up.PinnedUploader(fake, [(max(b - a for a, b in bounds), a.dtype)
+                                             for a in host],
+                                      device_buffers=not resident, host_buffers=False)
+    assert fake.uploader.host is None
+    for order in (list(range(len(bounds))), rng.permutation(len(bounds)).tolist()):
+        out = _stream_pass(up, fake, L, bounds, order, dev, host=host)
+        for o, a in zip(out, (L.feat, L.row, L.val)):
+            np.testing.assert_array_equal(o, a)
+    assert fake.n_async_copies == 3 * 2 * len(bounds)
+    fake.uploader.close()
 
 
 def test_streamed_chunks_need_the_wait(monkeypatch):
@@ -513,16 +578,27 @@ def test_gpu_backend_build_layout_every_source():
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("resident", [False, True])
-def test_gpu_stream_chunks_copies_every_chunk(resident):
+@pytest.mark.parametrize("source", ["numpy", "pinned"])
+def test_gpu_stream_chunks_copies_every_chunk(resident, source):
     """DeviceLayout.stream_chunks on a non-blocking compute stream: what each
     chunk's 'kernel' (a copy on that stream) reads is the host chunk, for two
-    passes in different orders; a resident layout is then uploaded."""
+    passes in different orders; a resident layout is then uploaded.  A
+    layout tiled on the GPU into pinned memory (``host_out``) is the numpy
+    build's and is copied from where it is (no slot buffers on the host)."""
     import cupy as cp
 
     from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _upload
 
     rng = np.random.default_rng()
-    L = build_layout(_problem(rng, n=20011, d=3001), **_kw(True, 64, 30))
+    X = _problem(rng, n=20011, d=3001)
+    L = build_layout(X, **_kw(True, 64, 30))
+    if source == "pinned":
+        P = _upload.build_from_host(X, cp, chunk_nnz=40009, host_out=True, **_kw(True, 64, 30))
+        _assert_same(L, P, "tiled on the GPU into pinned memory")
+        assert all(_upload.is_pinned(cp, a) for a in (P.feat, P.row, P.val))
+        L = P
+    assert not _upload.is_pinned(cp, X.data)
     dl = _cuda.put_layout(L, memory_budget=None if resident else 0, chunk_bytes=30011)
     assert dl.resident == resident and len(dl.chunks) >= 5
     compute = cp.cuda.Stream(non_blocking=True)
@@ -539,6 +615,8 @@ def test_gpu_stream_chunks_copies_every_chunk(resident):
         for o, a in zip(out, host):
             np.testing.assert_array_equal(o.get(), a)
         assert dl.uploaded == resident
+        if not resident:
+            assert (dl._uploader.host is None) == (source == "pinned")
     if resident:
         for d, a in zip((dl.feat, dl.row, dl.val), host):
             np.testing.assert_array_equal(d.get(), a)

@@ -172,6 +172,42 @@ def test_cuda_plan_takes_the_first_layout_that_fits():
     assert "n_factors=" in msg and "device_memory_limit" in msg and "(d)" in msg
 
 
+def test_a_streamed_layout_is_tiled_on_the_gpu_where_a_chunk_fits():
+    """A streamed plan of a host matrix tiles its layout on the GPU into
+    pinned host memory in the largest chunk whose build phase fits the
+    budget (and the next larger one does not); on a budget below the
+    smallest chunk's build, or for a cupyx matrix, it is built on the host."""
+    s = _shape()
+    how = {"host": "h", "device": "d"}
+    streamed = _peak_device(s, "streamed")
+    assert streamed < _peak_device(s, "uploaded")
+    for avail in (streamed, streamed + (200 << 20), _peak_device(s, "uploaded") - 1):
+        plan = _memory.plan_fit(s, "cuda", {"host": None, "device": avail}, how)
+        assert plan.layout == "streamed" and plan.fits and plan.model_rows is None
+        chunk = plan.build_chunk_nnz
+        assert chunk in _memory.STREAM_BUILD_CHUNKS
+        assert "layout build" in plan.needs["device"] and plan.peak("device") <= avail
+        build = _memory.fit_needs(s, "cuda", "streamed", build_chunk_nnz=chunk)
+        assert plan.needs == build
+        if chunk != _memory.STREAM_BUILD_CHUNKS[0]:
+            larger = _memory.fit_needs(s, "cuda", "streamed", build_chunk_nnz=2 * chunk)
+            assert sum(larger["device"]["layout build"].values()) > avail
+    # a model out of core on a budget below the smallest chunk's build (its
+    # feature ranks alone take 8 bytes a feature): built on the host
+    wide = _shape(n_features=2**26)
+    rows = _memory.least_model_rows(wide)
+    avail = _peak_device(replace(wide, model_rows=rows), "streamed")
+    smallest = _memory.fit_needs(replace(wide, model_rows=rows), "cuda", "streamed",
+                                 build_chunk_nnz=_memory.STREAM_BUILD_CHUNKS[-1])
+    assert sum(smallest["device"]["layout build"].values()) > avail
+    plan = _memory.plan_fit(wide, "cuda", {"host": None, "device": avail}, how)
+    assert plan.fits and plan.layout == "streamed" and plan.model_rows is not None
+    assert plan.build_chunk_nnz is None and "layout build" not in plan.needs["device"]
+    on_device = replace(s, on_device=True)
+    plan = _memory.plan_fit(on_device, "cuda", {"host": None, "device": streamed}, how)
+    assert plan.layout == "streamed" and plan.build_chunk_nnz is None
+
+
 def _peak_device(shape, layout):
     return _memory.MemoryPlan("fit", "cuda", layout, _memory.fit_needs(shape, "cuda", layout),
                               {}, {}, True).peak("device")

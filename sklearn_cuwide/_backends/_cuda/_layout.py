@@ -57,7 +57,11 @@ def build_layout(X, memory_budget=None, **kw):
       a cupyx matrix is used where it is;
     * ``"host_plan"``: a host matrix is planned on the host and its chunks'
       gathers and copies overlap the sorts (:func:`._upload.build_from_host`);
-    * ``"host"``: built on the host and streamed in every epoch.
+    * ``"host"``: built on the host and streamed in every epoch; when the
+      plan gives a ``build_chunk_nnz`` (a chunk's sort fits the device),
+      tiled on the GPU chunk by chunk into page-locked host memory
+      (:func:`._upload.build_from_host` with ``host_out``), which the
+      epochs' copies then read where it is.
     """
     if X.format != "csr":
         X = X.tocsr()
@@ -66,6 +70,10 @@ def build_layout(X, memory_budget=None, **kw):
     planned = memory_budget is None and plan is not None and plan.layout is not None
     if planned and plan.layout != "device":
         site = "host"
+        if plan.build_chunk_nnz is not None and not on_device:
+            # streamed: tiled on the GPU a chunk at a time into pinned memory
+            kw["chunk_nnz"] = plan.build_chunk_nnz
+            return _upload.build_from_host(X, cp, host_out=True, **kw)
     else:
         budget = plan.available["device"] if planned else _budget(memory_budget)
         site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
@@ -220,12 +228,14 @@ class DeviceLayout:
         copied; its pinned buffers are then freed."""
         h = self.host
         resident = (self.feat, self.row, self.val) if self.resident else None
+        pinned = all(_upload.is_pinned(cp, a) for a in (h.feat, h.row, h.val))
         if self._uploader is None:  # pinned (and, streaming, device) buffers
             specs = [(self.max_chunk, a.dtype) for a in (h.feat, h.row, h.val)]
-            self._uploader = _upload.PinnedUploader(cp, specs, device_buffers=resident is None)
+            self._uploader = _upload.PinnedUploader(
+                cp, specs, device_buffers=resident is None, host_buffers=not pinned)
         chunks = _upload.stream_chunks(
             self._uploader, (h.feat, h.row, h.val), self.chunk_nnz, order_chunks,
-            compute_stream, resident=resident,
+            compute_stream, resident=resident, pinned=pinned,
         )
         try:
             for k, arrays, base in chunks:

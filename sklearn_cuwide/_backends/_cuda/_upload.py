@@ -37,7 +37,7 @@ cupy.  Why: the CPU tests drive it with a numpy stand-in whose copies are
 deferred until waited for, which checks the event ordering without a GPU.
 """
 
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -45,15 +45,34 @@ from ... import _layout
 from ..._validation import HOST_THREADS, host_pool
 
 __all__ = ["PinnedUploader", "build_site", "split_copy", "upload_csr", "build_on_device",
-           "build_from_host", "stream_chunks"]
+           "build_from_host", "stream_chunks", "is_pinned", "pinned_empty"]
 
 
-def pinned_empty(xp, n, dtype):
-    """A numpy array of ``n`` items (at least one) in page-locked host memory."""
+def pinned_empty(xp, n, dtype, pooled=True):
+    """A numpy array of ``n`` items (at least one) in page-locked host
+    memory: from CuPy's pinned pool, or (``pooled=False``) its own
+    allocation, given back to the system when the array goes (a layout of
+    gigabytes is not kept cached after its fit)."""
     dtype = np.dtype(dtype)
     n = max(int(n), 1)
-    mem = xp.cuda.alloc_pinned_memory(n * dtype.itemsize)
+    if pooled:
+        mem = xp.cuda.alloc_pinned_memory(n * dtype.itemsize)
+    else:
+        mem = xp.cuda.PinnedMemoryPointer(xp.cuda.PinnedMemory(n * dtype.itemsize), 0)
     return np.frombuffer(mem, dtype=dtype, count=n)
+
+
+def is_pinned(xp, a):
+    """Whether numpy array ``a`` is a view of memory from
+    ``xp.cuda.alloc_pinned_memory`` (:func:`pinned_empty`)."""
+    kind = getattr(xp.cuda, "PinnedMemoryPointer", None)
+    while a is not None and kind is not None:
+        if isinstance(a, memoryview):
+            a = a.obj
+        if isinstance(a, kind):
+            return True
+        a = getattr(a, "base", None)
+    return False
 
 
 class PinnedUploader:
@@ -74,14 +93,19 @@ class PinnedUploader:
     device_buffers : bool, default=True
         Allocate a device buffer per array and slot to copy into; ``False``
         when every :meth:`upload` gives its destination.
+    host_buffers : bool, default=True
+        Allocate the slots' pinned buffers; ``False`` when every group is
+        already in pinned memory (:meth:`stage_pinned`).
     """
 
-    def __init__(self, xp, specs, device_buffers=True):
+    def __init__(self, xp, specs, device_buffers=True, host_buffers=True):
         self.xp = xp
         # non-blocking: no implicit synchronisation with the legacy default
         # stream, which may be the compute stream
         self.copy = xp.cuda.Stream(non_blocking=True)
-        self.host = [[pinned_empty(xp, n, dt) for n, dt in specs] for _ in range(2)]
+        self.host = None
+        if host_buffers:
+            self.host = [[pinned_empty(xp, n, dt) for n, dt in specs] for _ in range(2)]
         self.dev = None
         if device_buffers:
             self.dev = [[xp.empty(max(int(n), 1), dtype=dt) for n, dt in specs]
@@ -108,6 +132,16 @@ class PinnedUploader:
             self.copied[s].synchronize()  # the last copy out of this pinned slot is done
         host = [h[:k] for h, k in zip(self.host[s], sizes)]
         return s, sizes, host, self._worker.submit(fill, *host)
+
+    def stage_pinned(self, arrays):
+        """A group already in page-locked memory (views the copies read
+        where they are: no fill, no slot buffer).  Returns a ticket for
+        :meth:`upload`."""
+        s = self._next
+        self._next ^= 1
+        done = Future()
+        done.set_result(None)
+        return s, tuple(int(a.shape[0]) for a in arrays), list(arrays), done
 
     def upload(self, ticket, into=None):
         """Wait for a staged fill and start its copies on the copy stream.
@@ -144,24 +178,29 @@ class PinnedUploader:
         self.copy.synchronize()
 
 
-def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, **plan_kw):
+def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, host_out=False,
+                    **plan_kw):
     """:func:`sklearn_cuwide._layout.build_layout` of a host (scipy) matrix
     on the GPU, the chunks' gathers and copies overlapped with the sorts.
 
     ``plan_kw``: the planning keywords of
-    :func:`~sklearn_cuwide._layout.plan_layout`.  Same layout, bit for bit,
-    as the numpy build.
+    :func:`~sklearn_cuwide._layout.plan_layout`.  ``host_out``: the layout's
+    nonzeros in page-locked host memory (each chunk copied out once sorted:
+    a layout streamed in every epoch, its copies read it where it is); the
+    device then holds one chunk's work at a time.  Same layout, bit for
+    bit, as the numpy build.
     """
     plan = _layout.plan_layout(X, chunk_nnz=chunk_nnz, **plan_kw)
     n = len(plan.chunks)
+    empty = (lambda k, dt: pinned_empty(xp, k, dt, pooled=False)[:k]) if host_out else None
     if n < 2:  # nothing to overlap: one synchronous copy, no pinned buffers
-        return _layout.tile_layout(plan, xp, dtype)
+        return _layout.tile_layout(plan, xp, dtype, empty=empty)
     _, indices, data = plan.source
     rows = max(r1 - r0 for r0, r1 in map(plan.chunk_rows, range(n)))
     nnz = max(map(plan.chunk_nnz, range(n)))
     up = PinnedUploader(xp, [(rows + 1, np.int64), (nnz, indices.dtype), (nnz, data.dtype)])
     compute = xp.cuda.get_current_stream()
-    tiler = _layout.LayoutTiler(plan, xp, dtype)
+    tiler = _layout.LayoutTiler(plan, xp, dtype, empty=empty)
 
     def stage(k):
         r0, r1 = plan.chunk_rows(k)
@@ -314,7 +353,8 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
                                     chunk_nnz=chunk_nnz, row_order=row_order, **plan_kw)
 
 
-def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None):
+def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None,
+                  pinned=False):
     """Copy chunks of host arrays to the device through ``up``, one ahead.
 
     Chunk ``k`` is ``a[bounds[k][0]:bounds[k][1]]`` of each array of
@@ -324,11 +364,15 @@ def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None)
     ``i - base``) before asking for the next.  ``resident``: device arrays
     of the whole length that the chunks are copied into at their place
     (``base`` 0, kept after the pass), or ``None`` to copy each chunk into
-    a slot's device buffers (``base`` the chunk's start).
+    a slot's device buffers (``base`` the chunk's start).  ``pinned``: the
+    host arrays are in page-locked memory, copied from where they are
+    (:meth:`PinnedUploader.stage_pinned`) instead of through a slot.
     """
 
     def stage(k):
         a, b = bounds[k]
+        if pinned:
+            return up.stage_pinned([src[a:b] for src in host_arrays])
 
         def fill(*bufs):
             for src, dst in zip(host_arrays, bufs):
