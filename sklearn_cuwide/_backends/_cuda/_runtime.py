@@ -12,7 +12,6 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ... import _memory
-from ..._config import get_config
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
@@ -103,51 +102,6 @@ def _plain_reductions():
                 put(_NO_CUB["saved"])
 
 
-_CAPS = {}  # device -> [open scopes, the pool's limit before the first]
-_CAPS_LOCK = threading.Lock()
-
-
-@contextmanager
-def _pool_capped():
-    """CuPy's memory pool of the current device capped, while a fit or a
-    prediction runs under a ``device_memory_limit``, at what it holds in
-    use when the first such scope opens plus the limit's budget
-    (:func:`sklearn_cuwide._memory.device_budget`): the pool then gives
-    its cached, unused blocks back to the device before it would grow past
-    the limit.  Scopes opened meanwhile (in any thread) keep the first
-    one's cap; the user's own limit, if lower, stays, and comes back when
-    the last scope ends.
-
-    Rule: a limited fit holds at most the limit, cached blocks included.
-    Why: the plan keeps the arrays in use within the budget, but the pool
-    keeps the blocks of finished phases, whose sizes the next phase may not
-    reuse, and another process sees those as taken."""
-    limit = get_config()["device_memory_limit"]
-    if limit is None:
-        yield
-        return
-    dev = cp.cuda.runtime.getDevice()
-    pool = cp.get_default_memory_pool()
-    with _CAPS_LOCK:
-        cap = _CAPS.get(dev)
-        if cap is None:
-            before = int(pool.get_limit())
-            budget = _memory.device_budget(limit, *device_memory())[0]
-            mine = int(pool.used_bytes()) + int(budget)
-            pool.set_limit(size=mine if not before else min(before, mine))
-            cap = _CAPS[dev] = [0, before]
-        cap[0] += 1
-    try:
-        yield
-    finally:
-        with _CAPS_LOCK:
-            cap[0] -= 1
-            if cap[0] == 0:
-                del _CAPS[dev]
-                with cp.cuda.Device(dev):
-                    pool.set_limit(size=cap[1])
-
-
 @contextmanager
 def device_scope(device):
     """The scope of one fit or prediction on GPU ``device`` (``"cuda:N"``).
@@ -162,10 +116,9 @@ def device_scope(device):
     the estimator method takes once its own frame, which still holds arrays
     here, has ended (:func:`sklearn_cuwide._base.releases_memory`): the fit's
     device memory is free again when the caller sees the error.  CuPy's
-    reductions run without CUB inside (:func:`_plain_reductions`); under a
-    ``device_memory_limit`` the pool is capped (:func:`_pool_capped`).
+    reductions run without CUB inside (:func:`_plain_reductions`).
     """
-    with cp.cuda.Device(device_index(device)), _plain_reductions(), _pool_capped():
+    with cp.cuda.Device(device_index(device)), _plain_reductions():
         try:
             yield
         except BaseException as exc:
