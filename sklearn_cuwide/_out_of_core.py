@@ -34,7 +34,7 @@ from ._sparse import with_columns
 from ._state import ModelState
 
 __all__ = [
-    "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts",
+    "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
     "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
 ]
 
@@ -45,6 +45,12 @@ ROW_ARRAYS = ("w", "V", "gw", "gV")
 MAX_WINDOW_NNZ = 1 << 22
 #: device bytes of a window's layout per nonzero, while it is made
 WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
+#: device bytes per nonzero of a run of :func:`cold_sets` (at most
+#: ``MAX_WINDOW_NNZ`` nonzeros, or one mini-batch), an upper bound from its
+#: live arrays: the int64 keys, the mask, the selected keys with the mask's
+#: scan, then their sort (a copy, the radix sort's buffers, the flags of
+#: distinct keys, the output and its scan): at most 8 int64 a nonzero
+COLD_SETS_BYTES_PER_NNZ = 8 * 8
 
 
 @dataclass(frozen=True)
@@ -119,23 +125,49 @@ class ColdSets:
         return self.ids[self.ptr[b] : self.ptr[b + 1]]
 
 
-def cold_sets(layout, n_resident, xp=np):
-    """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``: one
-    sort there, then only the distinct (mini-batch, feature) pairs come to
-    the host)."""
+def cold_sets(layout, n_resident, xp=np, max_nnz=MAX_WINDOW_NNZ):
+    """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``), a
+    run of whole mini-batches of at most ``max_nnz`` nonzeros (or one
+    mini-batch) at a time: one sort of the run's (mini-batch, feature) keys
+    there, then only the distinct pairs come to the host.
+
+    Rule: a pass over every nonzero on the device goes in bounded runs.
+    Why: the keys and their sort take :data:`COLD_SETS_BYTES_PER_NNZ` a
+    nonzero, several times the layout's own bytes, which the model's
+    device budget does not leave."""
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
-    nnz_per_batch = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
-    feat = layout.feat
-    nz_batch = xp.repeat(xp.arange(layout.n_batches, dtype=xp.int64),
-                         xp.asarray(nnz_per_batch))
-    cold = feat >= n_resident
-    key = xp.unique(nz_batch[cold] * layout.n_features + feat[cold].astype(xp.int64))
-    key = _host(key)
+    start = tp[2 * bsp]  # the first nonzero of each mini-batch, and the end
+    nnz_per_batch = np.diff(start)
+    n_features = int(layout.n_features)
+    keys = []
+    for b0, b1 in batch_runs(nnz_per_batch, max_nnz):
+        a, b = int(start[b0]), int(start[b1])
+        key = xp.repeat(xp.arange(b0, b1, dtype=xp.int64), xp.asarray(nnz_per_batch[b0:b1]))
+        key *= n_features
+        key += layout.feat[a:b]
+        key = key[layout.feat[a:b] >= n_resident]
+        keys.append(_host(xp.unique(key)))
+        del key
+    key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
     ptr = np.zeros(layout.n_batches + 1, dtype=np.int64)
-    np.cumsum(np.bincount(key // layout.n_features, minlength=layout.n_batches),
-              out=ptr[1:])
-    return ColdSets(int(n_resident), ptr, key % layout.n_features)
+    np.cumsum(np.bincount(key // n_features, minlength=layout.n_batches), out=ptr[1:])
+    return ColdSets(int(n_resident), ptr, key % n_features)
+
+
+def batch_runs(nnz_per_batch, max_nnz):
+    """``[(b0, b1)]``: consecutive runs of mini-batches of at most
+    ``max_nnz`` nonzeros together (a wider mini-batch alone), covering them
+    all in order."""
+    runs, b0, total = [], 0, 0
+    for b, k in enumerate(np.asarray(nnz_per_batch, dtype=np.int64).tolist()):
+        if b > b0 and total + k > max_nnz:
+            runs.append((b0, b))
+            b0, total = b, 0
+        total += k
+    if b0 < len(nnz_per_batch):
+        runs.append((b0, len(nnz_per_batch)))
+    return runs
 
 
 def batch_cold_counts(layout, n_resident, xp=np):

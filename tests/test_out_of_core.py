@@ -33,15 +33,27 @@ def _layout(X, batch_size=32, sample_block=16, n_hot_max=8):
                         n_hot_max=n_hot_max, shuffle=True, random_state=1)
 
 
-def test_batch_cold_counts_against_a_loop():
+@pytest.mark.parametrize("max_nnz", [1, 500, 10**9])
+def test_cold_sets_against_a_loop(max_nnz):
+    """Each mini-batch's distinct cold features, found a run of mini-batches
+    of at most ``max_nnz`` nonzeros at a time (1: one mini-batch a run)."""
     X, _ = _data()
     L = _layout(X)
+    nnz = np.diff(L.tile_ptr[2 * L.batch_sblock_ptr])
+    runs = ooc.batch_runs(nnz, max_nnz)
+    assert runs[0][0] == 0 and runs[-1][1] == L.n_batches
+    assert all(a[1] == b[0] for a, b in zip(runs[:-1], runs[1:]))
+    assert all(b - a == 1 or nnz[a:b].sum() <= max_nnz for a, b in runs)
+    expected = {1: (L.n_batches, L.n_batches), 500: (2, L.n_batches - 1), 10**9: (1, 1)}
+    assert expected[max_nnz][0] <= len(runs) <= expected[max_nnz][1]
     for n_res in (0, 5, 40, L.n_features):
+        sets = ooc.cold_sets(L, n_res, max_nnz=max_nnz)
         got = ooc.batch_cold_counts(L, n_res)
         for bt in range(L.n_batches):
             g0, g1 = L.batch_sblock_ptr[bt], L.batch_sblock_ptr[bt + 1]
             f = L.feat[L.tile_ptr[2 * g0] : L.tile_ptr[2 * g1]]
             assert got[bt] == np.unique(f[f >= n_res]).size
+            np.testing.assert_array_equal(sets.of(bt), np.unique(f[f >= n_res]))
 
 
 @pytest.mark.parametrize("extra", [0, 30, 1000])
