@@ -419,11 +419,11 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
     if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
         train["the best epoch's copy of the model state"] = dev_state
     if rows < d:  # out of core: a window's layout, the rows on their way
-        # the cold sets are found (before the epochs) a run of mini-batches
-        # at a time, as the windows are trained: never both at once
-        run = min(s.nnz, MAX_WINDOW_NNZ + s.batch_size * max(s.max_row_nnz, 1))
+        # the cold sets are found (before the epochs) in runs of mini-batches
+        # that take at most a window's bytes, or one mini-batch: never both
+        batch = min(s.nnz, s.batch_size * max(s.max_row_nnz, 1))
         train["a window's layout, or the cold sets of a run of mini-batches"] = max(
-            WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ), COLD_SETS_BYTES_PER_NNZ * run)
+            WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ), COLD_SETS_BYTES_PER_NNZ * batch)
         train["the cold rows in transit"] = dev_state
     # the penalty factors (with their computation's int64 and float64
     # temporaries), their copy beside Adagrad's sums, and the step scales of

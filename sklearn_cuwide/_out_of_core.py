@@ -35,6 +35,7 @@ from ._state import ModelState
 
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
+    "cold_sets_run_nnz",
     "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
 ]
 
@@ -46,7 +47,7 @@ MAX_WINDOW_NNZ = 1 << 22
 #: device bytes of a window's layout per nonzero, while it is made
 WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
 #: device bytes per nonzero of a run of :func:`cold_sets` (at most
-#: ``MAX_WINDOW_NNZ`` nonzeros, or one mini-batch), an upper bound from its
+#: :func:`cold_sets_run_nnz` nonzeros, or one mini-batch), an upper bound from its
 #: live arrays: the int64 keys, the mask, the selected keys with the mask's
 #: scan, then their sort (a copy, the radix sort's buffers, the flags of
 #: distinct keys, the output and its scan): at most 8 int64 a nonzero
@@ -125,16 +126,27 @@ class ColdSets:
         return self.ids[self.ptr[b] : self.ptr[b + 1]]
 
 
-def cold_sets(layout, n_resident, xp=np, max_nnz=MAX_WINDOW_NNZ):
+def cold_sets_run_nnz(nnz):
+    """Most nonzeros of a run of :func:`cold_sets` in a layout of ``nnz``:
+    its temporaries within a window's layout bytes (what the memory plan
+    allows for either; a single wider mini-batch is a run of its own)."""
+    return max(1, WINDOW_BYTES_PER_NNZ * min(int(nnz), MAX_WINDOW_NNZ)
+               // COLD_SETS_BYTES_PER_NNZ)
+
+
+def cold_sets(layout, n_resident, xp=np, max_nnz=None):
     """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``), a
-    run of whole mini-batches of at most ``max_nnz`` nonzeros (or one
-    mini-batch) at a time: one sort of the run's (mini-batch, feature) keys
-    there, then only the distinct pairs come to the host.
+    run of whole mini-batches of at most ``max_nnz`` nonzeros (default
+    :func:`cold_sets_run_nnz`; or one mini-batch) at a time: one sort of
+    the run's (mini-batch, feature) keys there, then only the distinct
+    pairs come to the host.
 
     Rule: a pass over every nonzero on the device goes in bounded runs.
     Why: the keys and their sort take :data:`COLD_SETS_BYTES_PER_NNZ` a
     nonzero, several times the layout's own bytes, which the model's
     device budget does not leave."""
+    if max_nnz is None:
+        max_nnz = cold_sets_run_nnz(layout.nnz)
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     start = tp[2 * bsp]  # the first nonzero of each mini-batch, and the end

@@ -18,6 +18,7 @@ from sklearn_cuwide import (
     InsufficientMemoryError,
 )
 from sklearn_cuwide import _memory
+from sklearn_cuwide import _out_of_core as ooc
 from sklearn_cuwide._backends import _cpu
 from sklearn_cuwide._layout import LayoutTiler, build_layout, plan_layout
 from sklearn_cuwide._state import ModelState
@@ -228,6 +229,29 @@ def test_suggested_n_factors_is_the_largest_that_fits():
     assert k >= 20
     assert _memory.plan_fit(_shape(n_factors=k, **narrow), "cuda", avail, how).fits
     assert not _memory.plan_fit(_shape(n_factors=k + 1, **narrow), "cuda", avail, how).fits
+
+
+@pytest.mark.parametrize("n_factors", [0, 8])
+@pytest.mark.parametrize("validation_fraction", [None, 0.1])
+@pytest.mark.parametrize("sample_block", [256, 1024])
+def test_a_small_wide_model_still_trains_out_of_core(n_factors, validation_fraction,
+                                                     sample_block):
+    """20000 rows of 12 nonzeros, 2^18 features (the GPU out-of-core tests'
+    data): below every whole-model placement's peak, an out-of-core plan
+    fits; its allowance for the cold sets' runs is no more than a window's
+    layout, or one mini-batch's sort."""
+    s = _shape(n_rows=20000, n_features=2**18, nnz=240000, max_row_nnz=24,
+               n_factors=n_factors, sample_block=sample_block,
+               validation_fraction=validation_fraction)
+    limit = min(_peak_device(s, lay) for lay in ("device", "uploaded", "streamed")) - 1
+    plan = _memory.plan_fit(s, "cuda", {"host": None, "device": limit}, {"host": "h",
+                                                                          "device": "d"})
+    assert plan.fits and plan.model_rows is not None and plan.model_rows < s.n_features
+    part = plan.needs["device"]["training"][
+        "a window's layout, or the cold sets of a run of mini-batches"]
+    assert part == max(ooc.WINDOW_BYTES_PER_NNZ * s.nnz,
+                       ooc.COLD_SETS_BYTES_PER_NNZ * s.batch_size * s.max_row_nnz)
+    assert ooc.COLD_SETS_BYTES_PER_NNZ * ooc.cold_sets_run_nnz(s.nnz) <= part
 
 
 def test_a_model_wider_than_the_budget_trains_out_of_core():
