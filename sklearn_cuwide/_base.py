@@ -32,7 +32,7 @@ from ._minibatch import COMPUTE_DTYPE, Schedule, penalty_is_scaled, uses_validat
 from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
-from ._validation import check_sparse_structure, surely_finite
+from ._validation import check_float32_range, check_sparse_structure, surely_finite
 
 __all__ = []
 
@@ -142,7 +142,10 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
             y_numeric=y_numeric,
             ensure_all_finite=not surely_finite(X),
         )
+        check_float32_range(X)
         sw_like = X
+    if y_numeric and y is not None:
+        check_float32_range(np.asarray(y, dtype=np.float64), "y")
     sw = _check_sample_weight(
         _to_host_if_cupy(sample_weight), sw_like, dtype=np.float64,
         ensure_non_negative=True,
@@ -170,7 +173,7 @@ def _check_predict_data(est, X, backend):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
         return validate_data(est, X, reset=False, skip_check_array=True)
     X = _checked_host_X(X)
-    return validate_data(
+    X = validate_data(
         est,
         X,
         reset=False,
@@ -179,6 +182,8 @@ def _check_predict_data(est, X, backend):
         accept_large_sparse=True,
         ensure_all_finite=not surely_finite(X),
     )
+    check_float32_range(X)
+    return X
 
 
 # --------------------------------------------------------------------------

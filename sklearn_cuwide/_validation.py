@@ -118,6 +118,46 @@ def surely_finite(X):
     return bool(host_reduce(_finite_sum, a, all))
 
 
+#: the largest float32: what the model is computed in
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def largest_beyond_float32(X):
+    """The largest magnitude among the values of a float64 ``X`` (a scipy
+    sparse matrix's ``data``, or a numpy array) when it is beyond float32's
+    range, else None (float32 and other dtypes are within it)."""
+    a = getattr(X, "data", X) if hasattr(X, "format") else X
+    if not isinstance(a, np.ndarray) or a.dtype != np.float64 or a.size == 0:
+        return None
+    a = a.reshape(-1)
+    top = host_reduce(_largest_magnitude, a, max)
+    return top if top > F32_MAX else None
+
+
+def _largest_magnitude(a):
+    return float(max(a.max(), -a.min())) if a.size else 0.0
+
+
+def check_float32_range(X, what="X"):
+    """Refuse values beyond float32's range, in which the model is computed
+    (they would become infinities and the model or its predictions NaN)."""
+    top = largest_beyond_float32(X)
+    if top is not None:
+        raise ValueError(float32_range_message(top, what))
+
+
+def float32_range_message(top, what="X"):
+    """The error for a value of magnitude ``top`` beyond float32's range in
+    ``what`` ("X" or "y"), for both backends."""
+    if what == "X":
+        advice = ("Scale the features (e.g. with sklearn.preprocessing.MaxAbsScaler, "
+                  "which keeps sparse data sparse).")
+    else:
+        advice = "Rescale y (e.g. divide it by a constant, and the predictions back)."
+    return (f"Input {what} contains a value of magnitude {top:.3g}, beyond the range of "
+            f"float32 (up to {F32_MAX:.3g}), in which the model is computed. {advice}")
+
+
 def _finite_sum(a):
     # an overflowing sum of finite values, or inf - inf, is a "not sure", not
     # a warning (errstate is per thread: set here, in the piece's thread)

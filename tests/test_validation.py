@@ -62,6 +62,45 @@ def test_nan_inf_in_X(name, data, value, msg):
 
 
 @all_estimators
+@pytest.mark.parametrize("value", [1e39, -4e38])
+def test_X_beyond_float32_is_refused(name, data, value, monkeypatch):
+    """A float64 value beyond float32's range, in which the model is
+    computed, is refused in fit, partial_fit and predict (sparse and dense)
+    before any training step, naming it; the largest float32 passes."""
+    from sklearn_cuwide._backends import _cpu
+
+    X, y = data
+    big = X.copy()
+    big.data[3] = value
+    msg = r"Input X contains a value of magnitude \S+, beyond the range of float32"
+    fitted = ESTIMATORS[name]().fit(X, y)
+    monkeypatch.setattr(_cpu, "run_epoch", None)  # no training step may run
+    for Xb in (big, big.toarray()):
+        with pytest.raises(ValueError, match=msg):
+            ESTIMATORS[name]().fit(Xb, y)
+        with pytest.raises(ValueError, match=msg):
+            fitted.predict(Xb)
+        if name != "lr-lbfgs":
+            with pytest.raises(ValueError, match=msg):
+                ESTIMATORS[name]().partial_fit(Xb, y, **(
+                    {} if name == "fm-regressor" else {"classes": [0, 1]}))
+    monkeypatch.undo()
+    edge = X.copy()
+    edge.data[3] = float(np.finfo(np.float32).max)
+    fitted.predict(edge)  # within range: no error (the values are the user's)
+
+
+def test_regression_target_beyond_float32_is_refused(data):
+    X, _ = data
+    y = np.linspace(0.0, 1.0, X.shape[0]) * 1e39
+    with pytest.raises(ValueError, match=r"Input y contains a value of magnitude 1e\+39, "
+                                         r"beyond the range of float32.*Rescale y"):
+        ESTIMATORS["fm-regressor"]().fit(X, y)
+    with pytest.raises(ValueError, match="Input y contains a value of magnitude"):
+        ESTIMATORS["fm-regressor"]().partial_fit(X, y)
+
+
+@all_estimators
 @pytest.mark.parametrize("value, msg", [(np.nan, "Input y contains NaN"),
                                         (np.inf, "Input y contains infinity")])
 def test_nan_inf_in_y(name, data, value, msg):

@@ -8,7 +8,12 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ..._sparse import canonical_csr
-from ..._validation import check_sparse_structure, index_width_message
+from ..._validation import (
+    F32_MAX,
+    check_sparse_structure,
+    float32_range_message,
+    index_width_message,
+)
 
 #: the largest index (and number of stored entries) int32 indices hold
 INDEX_LIMIT = 2**31 - 1
@@ -143,6 +148,10 @@ def validate_input(X, estimator_name=None):
                     f"{np.dtype(X.dtype)!r}."
                 )
             raise ValueError(msg)
+        if dtype == np.float64 and values.size:  # the model is computed in float32
+            top = float(cp.abs(values).max())  # one sync
+            if top > F32_MAX:
+                raise ValueError(float32_range_message(top, "X"))
     if not sparse:
         if CASTS_INDICES_TO_INT32 and X.size > INDEX_LIMIT:
             nnz = int(cp.count_nonzero(X))  # one sync, for huge arrays only
