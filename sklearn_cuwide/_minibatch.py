@@ -196,7 +196,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
-                       early_stopping_advice=va is None)
+                       early_stopping_advice=va is None and _early_stopping_possible(
+                           X.shape[0], schedule.validation_fraction, stratify))
     return results
 
 
@@ -344,6 +345,20 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
                     else by_class[starts[c]:starts[c + 1]])
             held[rows[rng.choice(rows.size, int(take[c]), replace=False)]] = True
     return np.flatnonzero(~held), np.flatnonzero(held)
+
+
+def _early_stopping_possible(n_samples, validation_fraction, stratify):
+    """Whether ``early_stopping=True`` could split these rows (what a
+    warning may advise): every class with a sample on both sides."""
+    if validation_fraction is None:
+        return False
+    n_val = int(np.ceil(validation_fraction * n_samples))
+    if stratify is None:
+        return 1 <= n_val < n_samples
+    counts = np.bincount(np.asarray(stratify, dtype=np.intp))
+    counts = counts[counts > 0]
+    return (counts.size > 0 and int(counts.min()) >= 2
+            and counts.size <= n_val <= n_samples - counts.size)
 
 
 def _fraction_advice(validation_too_small):

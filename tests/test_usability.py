@@ -188,6 +188,23 @@ def _estimators_minibatch():
             GPUFactorizationMachineRegressor(device="cpu", random_state=0)]
 
 
+@pytest.mark.parametrize("est", _estimators_minibatch()[:2], ids=lambda e: type(e).__name__)
+def test_max_iter_advice_never_names_an_early_stopping_that_would_raise(est):
+    """A class with a single sample cannot be split for early stopping
+    (``early_stopping=True`` raises there): the warning then advises more
+    epochs or ``tol=None`` only."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = make_sparse_problem(2, n_samples=400)
+    y = y.copy()
+    y[0] = 2  # a third class of one sample
+    with pytest.warns(ConvergenceWarning, match="Consider increasing max_iter") as w:
+        est.set_params(max_iter=2).fit(X, y)
+    assert "early_stopping" not in str(w[0].message)
+    with pytest.raises(ValueError, match="least populated class has only 1 sample"):
+        est.set_params(early_stopping=True).fit(X, y)
+
+
 @pytest.mark.parametrize("est", _estimators_minibatch(), ids=lambda e: type(e).__name__)
 def test_max_iter_reached_warns_as_sgdclassifier(est):
     from sklearn.exceptions import ConvergenceWarning
