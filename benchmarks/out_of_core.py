@@ -81,27 +81,29 @@ def _pool_reset(cp):
 def pool_peaks(cp):
     """``{"used": bytes, "held": bytes}``: the most bytes CuPy's pool had in
     use, and held (cached blocks included: what the device sees taken), at
-    any allocation inside, above what it had in use on entry (a wrapper
-    of the pool's ``malloc`` as CuPy's allocator); empty on the CPU."""
+    any allocation inside, above what it had in use and held on entry (a
+    wrapper of the pool's ``malloc`` as CuPy's allocator, the allocator
+    before it restored after); empty on the CPU."""
     out = {}
     if cp is None:
         yield out
         return
     pool = cp.get_default_memory_pool()
-    base = int(pool.used_bytes())
+    used0, held0 = int(pool.used_bytes()), int(pool.total_bytes())
+    before = cp.cuda.get_allocator()
     out.update(used=0, held=0)
 
     def alloc(size):
         mem = pool.malloc(size)
-        out["used"] = max(out["used"], int(pool.used_bytes()) - base)
-        out["held"] = max(out["held"], int(pool.total_bytes()) - base)
+        out["used"] = max(out["used"], int(pool.used_bytes()) - used0)
+        out["held"] = max(out["held"], int(pool.total_bytes()) - held0)
         return mem
 
     cp.cuda.set_allocator(alloc)
     try:
         yield out
     finally:
-        cp.cuda.set_allocator(pool.malloc)
+        cp.cuda.set_allocator(before)
 
 
 def timed_fit(make, X, y, Xt, yt, *, limit, cp):
@@ -119,7 +121,9 @@ def timed_fit(make, X, y, Xt, yt, *, limit, cp):
         with config_context(device_memory_limit=limit), pool_peaks(cp) as peaks, \
                 contextlib.redirect_stdout(log):
             est.fit(X, y)
-    except MemoryError as exc:  # the plan's refusal, or the device ran out
+    except Exception as exc:  # the plan's refusal, the device or pinned memory ran out
+        if not (isinstance(exc, MemoryError) or "MemoryAllocation" in str(exc)):
+            raise
         return {"limit": limit, "error": f"{type(exc).__name__}: {exc}"[:2000],
                 "log": log.getvalue().splitlines()}
     fit_s = time.perf_counter() - t0

@@ -338,6 +338,7 @@ def _schedule(est, *, partial):
         verbose=est.verbose,
         random_state=est.random_state,
         early_stopping=est.early_stopping,
+        holdout_fraction=est.validation_fraction,
     )
 
 

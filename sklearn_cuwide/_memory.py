@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from ._out_of_core import COLD_SETS_BYTES_PER_NNZ, MAX_WINDOW_NNZ, WINDOW_BYTES_PER_NNZ
+from ._out_of_core import MAX_WINDOW_NNZ, WINDOW_BYTES_PER_NNZ
 
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
@@ -369,7 +369,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
         if s.validation_fraction is not None and (
                 layout == "host" or (s.model_rows is not None and s.model_rows < d)):
             train["the best epoch's copy of the model state"] = state
-        if layout == "streamed" and build_chunk_nnz is None:  # else read where it is
+        # a layout in pinned memory is read where it is; an out-of-core
+        # window's layout is a pageable copy, staged again
+        out_of_core = s.model_rows is not None and s.model_rows < d
+        if layout == "streamed" and (build_chunk_nnz is None or out_of_core):
             train["two pinned staging chunks"] = 2 * STREAM_CHUNK_BYTES
         elif layout == "uploaded":
             train["two pinned staging chunks"] = 2 * min(lay, STREAM_CHUNK_BYTES)
@@ -419,11 +422,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
     if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
         train["the best epoch's copy of the model state"] = dev_state
     if rows < d:  # out of core: a window's layout, the rows on their way
-        # the cold sets are found (before the epochs) in runs of mini-batches
-        # that take at most a window's bytes, or one mini-batch: never both
-        batch = min(s.nnz, s.batch_size * max(s.max_row_nnz, 1))
-        train["a window's layout, or the cold sets of a run of mini-batches"] = max(
-            WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ), COLD_SETS_BYTES_PER_NNZ * batch)
+        # the cold sets are found (before the epochs) in runs of nonzeros
+        # whose temporaries take at most a window's bytes: never both at once
+        train["a window's layout, or the cold sets of a run of mini-batches"] = (
+            WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ))
         train["the cold rows in transit"] = dev_state
     # the penalty factors (with their computation's int64 and float64
     # temporaries), their copy beside Adagrad's sums, and the step scales of

@@ -55,6 +55,9 @@ class Schedule:
     #: the estimator's ``early_stopping``: with ``"auto"`` the split above is
     #: made only from :data:`EARLY_STOPPING_AUTO_MIN_SAMPLES` rows on
     early_stopping: object = True
+    #: the estimator's ``validation_fraction`` even without early stopping
+    #: (what a warning's advice to turn it on would hold out)
+    holdout_fraction: object = 0.1
 
 
 #: ``early_stopping="auto"`` holds out a validation split from this many
@@ -197,7 +200,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     elif not partial:  # a blown-up fit's warning says enough
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
                        early_stopping_advice=va is None and _early_stopping_possible(
-                           X.shape[0], schedule.validation_fraction, stratify))
+                           X.shape[0], schedule.holdout_fraction, stratify))
     return results
 
 

@@ -35,7 +35,7 @@ from ._state import ModelState
 
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
-    "cold_sets_run_nnz",
+    "cold_sets_run_nnz", "nonzero_runs",
     "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
 ]
 
@@ -137,9 +137,10 @@ def cold_sets_run_nnz(nnz):
 def cold_sets(layout, n_resident, xp=np, max_nnz=None):
     """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``), a
     run of whole mini-batches of at most ``max_nnz`` nonzeros (default
-    :func:`cold_sets_run_nnz`; or one mini-batch) at a time: one sort of
-    the run's (mini-batch, feature) keys there, then only the distinct
-    pairs come to the host.
+    :func:`cold_sets_run_nnz`) at a time, a wider mini-batch in pieces of
+    at most ``max_nnz``: one sort of the run's (mini-batch, feature) keys
+    there, then only the distinct pairs come to the host (a mini-batch in
+    pieces has its pieces' sets merged there).
 
     Rule: a pass over every nonzero on the device goes in bounded runs.
     Why: the keys and their sort take :data:`COLD_SETS_BYTES_PER_NNZ` a
@@ -150,17 +151,25 @@ def cold_sets(layout, n_resident, xp=np, max_nnz=None):
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     start = tp[2 * bsp]  # the first nonzero of each mini-batch, and the end
-    nnz_per_batch = np.diff(start)
     n_features = int(layout.n_features)
-    keys = []
-    for b0, b1 in batch_runs(nnz_per_batch, max_nnz):
-        a, b = int(start[b0]), int(start[b1])
-        key = xp.repeat(xp.arange(b0, b1, dtype=xp.int64), xp.asarray(nnz_per_batch[b0:b1]))
+    keys, pieces_of = [], None
+    for b0, b1, a, b in nonzero_runs(start, max_nnz):
+        # each nonzero's mini-batch: where its position falls among the ends
+        key = xp.searchsorted(xp.asarray(start[b0 + 1 : b1 + 1] - a),
+                              xp.arange(b - a, dtype=xp.int64), side="right")
+        key += b0
         key *= n_features
         key += layout.feat[a:b]
         key = key[layout.feat[a:b] >= n_resident]
-        keys.append(_host(xp.unique(key)))
+        got = _host(xp.unique(key))
         del key
+        if a == start[b0] and b == start[b1]:  # whole mini-batches
+            keys.append(got)
+            continue
+        # a piece of one wide mini-batch: its pieces come one after another
+        pieces_of = got if a == start[b0] else np.union1d(pieces_of, got)
+        if b == start[b1]:
+            keys.append(pieces_of)
     key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
     ptr = np.zeros(layout.n_batches + 1, dtype=np.int64)
     np.cumsum(np.bincount(key // n_features, minlength=layout.n_batches), out=ptr[1:])
@@ -180,6 +189,21 @@ def batch_runs(nnz_per_batch, max_nnz):
     if b0 < len(nnz_per_batch):
         runs.append((b0, len(nnz_per_batch)))
     return runs
+
+
+def nonzero_runs(start, max_nnz):
+    """``[(b0, b1, a, b)]``: runs of the nonzeros ``a:b`` of the mini-batches
+    ``b0:b1`` (``start``: the first nonzero of each mini-batch, and the
+    end), each at most ``max_nnz`` nonzeros: consecutive whole mini-batches
+    (:func:`batch_runs`), a wider one in consecutive pieces of it, in order."""
+    out = []
+    for b0, b1 in batch_runs(np.diff(start), max_nnz):
+        a, b = int(start[b0]), int(start[b1])
+        if b1 - b0 == 1 and b - a > max_nnz:
+            out += [(b0, b1, p, min(p + int(max_nnz), b)) for p in range(a, b, int(max_nnz))]
+        else:
+            out.append((b0, b1, a, b))
+    return out
 
 
 def batch_cold_counts(layout, n_resident, xp=np):

@@ -719,22 +719,28 @@ def test_out_of_core_harness_smoke(tmp_path):
         assert f"partial_fit from {reader} files" in out_of_core.table(res)
     # the pool's peaks: what a wrapped allocator sees (a stand-in pool)
     pool = _StandInPool()
+    def previous(n):
+        return None
+
+    pool.allocator = previous
     fake = type("cp", (), {"get_default_memory_pool": staticmethod(lambda: pool),
-                           "cuda": type("cuda", (), {"set_allocator": staticmethod(
-                               lambda f: setattr(pool, "allocator", f))})})
+                           "cuda": type("cuda", (), {
+                               "set_allocator": staticmethod(
+                                   lambda f: setattr(pool, "allocator", f)),
+                               "get_allocator": staticmethod(lambda: pool.allocator)})})
     with out_of_core.pool_peaks(fake) as peaks:
         pool.allocator(100)
         pool.free(100)
         pool.allocator(30)
-    assert peaks == {"used": 100, "held": 130} and pool.allocator == pool.malloc
+    assert peaks == {"used": 100, "held": 130} and pool.allocator is previous
 
 
 class _StandInPool:
     """Bytes in use and held (a freed block is kept, never reused): 7 in use
-    before."""
+    and 9 held before."""
 
     def __init__(self):
-        self.used, self.held, self.allocator = 7, 7, None
+        self.used, self.held, self.allocator = 7, 9, None
 
     def used_bytes(self):
         return self.used

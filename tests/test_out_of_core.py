@@ -36,7 +36,8 @@ def _layout(X, batch_size=32, sample_block=16, n_hot_max=8):
 @pytest.mark.parametrize("max_nnz", [1, 500, 10**9])
 def test_cold_sets_against_a_loop(max_nnz):
     """Each mini-batch's distinct cold features, found a run of mini-batches
-    of at most ``max_nnz`` nonzeros at a time (1: one mini-batch a run)."""
+    of at most ``max_nnz`` nonzeros at a time (1: every mini-batch in
+    pieces of one nonzero, their sets merged)."""
     X, _ = _data()
     L = _layout(X)
     nnz = np.diff(L.tile_ptr[2 * L.batch_sblock_ptr])
@@ -46,6 +47,14 @@ def test_cold_sets_against_a_loop(max_nnz):
     assert all(b - a == 1 or nnz[a:b].sum() <= max_nnz for a, b in runs)
     expected = {1: (L.n_batches, L.n_batches), 500: (2, L.n_batches - 1), 10**9: (1, 1)}
     assert expected[max_nnz][0] <= len(runs) <= expected[max_nnz][1]
+    start = L.tile_ptr[2 * L.batch_sblock_ptr]
+    pieces = ooc.nonzero_runs(start, max_nnz)
+    assert pieces[0][2] == 0 and pieces[-1][3] == L.nnz
+    assert all(p[3] == q[2] for p, q in zip(pieces[:-1], pieces[1:]))  # contiguous
+    assert all(b - a <= max_nnz for _, _, a, b in pieces)  # wide batches cut too
+    for b0, b1, a, b in pieces:  # whole mini-batches, or a piece of one
+        assert (a, b) == (start[b0], start[b1]) or (b1 == b0 + 1 and start[b0] <= a < b
+                                                     <= start[b1])
     for n_res in (0, 5, 40, L.n_features):
         sets = ooc.cold_sets(L, n_res, max_nnz=max_nnz)
         got = ooc.batch_cold_counts(L, n_res)

@@ -203,6 +203,10 @@ def test_max_iter_advice_never_names_an_early_stopping_that_would_raise(est):
     assert "early_stopping" not in str(w[0].message)
     with pytest.raises(ValueError, match="least populated class has only 1 sample"):
         est.set_params(early_stopping=True).fit(X, y)
+    # early stopping off by the user, and possible: the advice names it
+    y[0] = y[1]
+    with pytest.warns(ConvergenceWarning, match="set early_stopping=True"):
+        est.set_params(early_stopping=False).fit(X, y)
 
 
 @pytest.mark.parametrize("est", _estimators_minibatch(), ids=lambda e: type(e).__name__)

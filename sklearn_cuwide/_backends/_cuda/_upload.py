@@ -62,6 +62,19 @@ def pinned_empty(xp, n, dtype, pooled=True):
     return np.frombuffer(mem, dtype=dtype, count=n)
 
 
+def _pinned_or_pageable(xp, n, dtype):
+    """``n`` items in page-locked host memory of their own, or, when the
+    system refuses to lock that much, in ordinary memory (each epoch then
+    stages the copies through the uploader's pinned slots)."""
+    errors = (MemoryError,) + tuple(
+        e for e in (getattr(getattr(xp.cuda, "runtime", None), "CUDARuntimeError", None),)
+        if e is not None)
+    try:
+        return pinned_empty(xp, n, dtype, pooled=False)[:n]
+    except errors:
+        return np.empty(n, dtype=dtype)
+
+
 def is_pinned(xp, a):
     """Whether numpy array ``a`` is a view of memory from
     ``xp.cuda.alloc_pinned_memory`` (:func:`pinned_empty`)."""
@@ -96,16 +109,20 @@ class PinnedUploader:
     host_buffers : bool, default=True
         Allocate the slots' pinned buffers; ``False`` when every group is
         already in pinned memory (:meth:`stage_pinned`).
+    pooled : bool, default=True
+        The slots' pinned buffers from CuPy's pinned pool (kept for the
+        next uploader), or allocations of their own, freed with them.
     """
 
-    def __init__(self, xp, specs, device_buffers=True, host_buffers=True):
+    def __init__(self, xp, specs, device_buffers=True, host_buffers=True, pooled=True):
         self.xp = xp
         # non-blocking: no implicit synchronisation with the legacy default
         # stream, which may be the compute stream
         self.copy = xp.cuda.Stream(non_blocking=True)
         self.host = None
         if host_buffers:
-            self.host = [[pinned_empty(xp, n, dt) for n, dt in specs] for _ in range(2)]
+            self.host = [[pinned_empty(xp, n, dt, pooled=pooled) for n, dt in specs]
+                         for _ in range(2)]
         self.dev = None
         if device_buffers:
             self.dev = [[xp.empty(max(int(n), 1), dtype=dt) for n, dt in specs]
@@ -192,15 +209,18 @@ def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, host_out=Fals
     """
     plan = _layout.plan_layout(X, chunk_nnz=chunk_nnz, **plan_kw)
     n = len(plan.chunks)
-    empty = (lambda k, dt: pinned_empty(xp, k, dt, pooled=False)[:k]) if host_out else None
+    empty = (lambda k, dt: _pinned_or_pageable(xp, k, dt)) if host_out else None
     if n < 2:  # nothing to overlap: one synchronous copy, no pinned buffers
         return _layout.tile_layout(plan, xp, dtype, empty=empty)
     _, indices, data = plan.source
     rows = max(r1 - r0 for r0, r1 in map(plan.chunk_rows, range(n)))
     nnz = max(map(plan.chunk_nnz, range(n)))
-    up = PinnedUploader(xp, [(rows + 1, np.int64), (nnz, indices.dtype), (nnz, data.dtype)])
-    compute = xp.cuda.get_current_stream()
     tiler = _layout.LayoutTiler(plan, xp, dtype, empty=empty)
+    # a layout built into host memory is streamed: the build's slots are
+    # freed with it, not kept in CuPy's pinned pool through the epochs
+    up = PinnedUploader(xp, [(rows + 1, np.int64), (nnz, indices.dtype), (nnz, data.dtype)],
+                        pooled=not host_out)
+    compute = xp.cuda.get_current_stream()
 
     def stage(k):
         r0, r1 = plan.chunk_rows(k)
