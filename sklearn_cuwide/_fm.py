@@ -557,8 +557,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     so that the model does not depend on the units of ``y``: fitting
     ``a * y + c`` predicts ``a`` times the predictions of fitting ``y``, plus
     ``c``.  The fitted attributes are in the units of ``y``.  ``fit`` (or the
-    first ``partial_fit``) fixes the standardisation; ``partial_fit`` and a
-    ``warm_start`` fit that continues the model keep it.  ``tol`` compares
+    first ``partial_fit`` whose targets vary; parts of equal targets before
+    it train on ``y`` as it is) fixes the standardisation; ``partial_fit``
+    and a ``warm_start`` fit that continues the model keep it.  ``tol`` compares
     losses of the standardised target (a share of its variance), whatever
     the units of ``y``, and ``verbose`` prints them; ``loss_curve_`` and
     ``validation_score_`` are in the units of ``y``.
@@ -682,8 +683,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                 X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
                 partial=False, progress=progress,
             )
-            commit(self, {"device_": device_, **self._fitted_attrs(
-                results, partial=False, target_scaling=scaling)})
+            commit(self, {"device_": device_, "_target_scale_fixed": True,
+                          **self._fitted_attrs(results, partial=False,
+                                               target_scaling=scaling)})
             self._set_gpu_cache(backend)
         progress.finish(device=self.device_)
         return self
@@ -715,20 +717,21 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             self._check_partial_fit_model(X.shape[1])
             check_weight_range(sw)
             progress.stage("input checks")
-            warm = None if first else self._warm_states(X.shape[1], 1)
-            scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
-            if warm is None and scaling == (0.0, 1.0) and np.ptp(np.asarray(y)) == 0:
-                # the scaling is kept for every later call: say that it is none
-                warn(f"The first partial_fit fixes the target's standardisation, and "
-                     f"its {len(y)} target(s) are all equal: the model trains on y as "
-                     f"it is (offset 0, scale 1). Start with a part whose targets vary "
-                     f"as the data's do, or call fit first.", UserWarning)
+            varied = bool(np.ptp(np.asarray(y)) > 0)
+            # the standardisation is fixed by fit, or by the first part whose
+            # targets vary: parts of equal targets before it train on y as it is
+            fixed = not first and getattr(self, "_target_scale_fixed", True)
+            scaling = (self._stored_target_scaling() if fixed
+                       else _target_scaling(y, sw, fit_intercept=self.fit_intercept))
+            warm = None if first else self._warm_states(
+                X.shape[1], 1, scaling=scaling, fresh_sums=not fixed and varied)
             results = self._fit_heads(
                 X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
                 partial=True, progress=progress,
             )
-            commit(self, {"device_": device_, **self._fitted_attrs(
-                results, partial=True, target_scaling=scaling)})
+            commit(self, {"device_": device_, "_target_scale_fixed": fixed or varied,
+                          **self._fitted_attrs(results, partial=True,
+                                               target_scaling=scaling)})
             self._set_gpu_cache(backend)
         progress.finish(device=self.device_)
         return self
@@ -741,7 +744,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     # the fitted attributes are in the user's units, so that the model does
     # not depend on the units of y (the steps and the penalties are sized for
     # targets of unit variance).  The offset and scale are fixed by fit (or
-    # the first partial_fit) and kept while a model is continued.
+    # by the first partial_fit whose targets vary: parts of equal targets
+    # before it train on y as it is) and kept while a model is continued.
 
     def _fit_target_scaling(self, y, sw, *, continued):
         """``(offset, scale)`` of this call: the fitted model's when the call
@@ -755,15 +759,21 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         return (float(getattr(self, "_target_offset", 0.0)),
                 float(getattr(self, "_target_scale", 1.0)))
 
-    def _warm_states(self, n_features, n_heads):
-        """The fitted model in the standardised target's units."""
+    def _warm_states(self, n_features, n_heads, scaling=None, fresh_sums=False):
+        """The fitted model in the standardised target's units (``scaling``:
+        these, default the fitted model's own); ``fresh_sums``: Adagrad's
+        sums start again (the units they were summed in are left)."""
         states = super()._warm_states(n_features, n_heads)
         if states is not None:
-            offset, scale = self._stored_target_scaling()
+            offset, scale = self._stored_target_scaling() if scaling is None else scaling
             for st in states:
                 st.w[:] = st.w / scale
                 st.b[:] = (st.b - offset) / scale
                 st.V[:] = st.V / np.sqrt(scale)
+                if fresh_sums:
+                    for a in (st.gw, st.gV, st.gb):
+                        if a is not None:
+                            a[...] = 0
         return states
 
     def _fitted_attrs(self, results, *, partial, target_scaling=(0.0, 1.0)):

@@ -312,19 +312,37 @@ def test_auto_penalties(small_binary, Est):
     assert fm_penalties("auto", "auto", False, S, m)[2] is False
 
 
-def test_regressor_first_partial_fit_of_equal_targets_warns():
-    """The first partial_fit fixes the target's scaling: equal targets give
-    none, and a UserWarning says so (at the user's line); varied ones, or a
-    later call, do not warn."""
+def test_regressor_partial_fit_standardises_at_the_first_varied_part():
+    """The first partial_fit whose targets vary fixes the target's
+    standardisation: parts of equal targets before it train on y as it is
+    (offset 0, scale 1), without a warning; the model then continues in the
+    new units (the same function, Adagrad's sums started again) and ends
+    close to the one that never saw the equal part; later parts keep it."""
     import warnings
 
-    rng = np.random.default_rng(0)
-    X = sp.random(60, 20, density=0.3, format="csr", random_state=0)
-    m = GPUFactorizationMachineRegressor(device="cpu", random_state=0)
-    with pytest.warns(UserWarning, match="its 10 target\\(s\\) are all equal") as rec:
-        m.partial_fit(X[:10], np.full(10, 3.0))
-    assert all(w.filename == __file__ for w in rec if issubclass(w.category, UserWarning))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        m.partial_fit(X[10:20], np.full(10, 3.0))  # continued: the scaling is kept
-        GPUFactorizationMachineRegressor(device="cpu").partial_fit(X[:10], rng.normal(size=10))
+    from sklearn.metrics import r2_score
+
+    X, y = make_ctr_regression(6000, n_features=2**10, random_state=0)[:2]
+    y = 50.0 + 20.0 * y
+    Xt, yt = X[5000:], y[5000:]
+    kw = dict(device="cpu", random_state=0, n_factors=4)
+
+    def stream(first_equal):
+        m = GPUFactorizationMachineRegressor(**kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            if first_equal:
+                m.partial_fit(X[:5], np.full(5, 3.0))
+                assert (m._target_offset, m._target_scale) == (0.0, 1.0)
+                assert not m._target_scale_fixed
+            for _ in range(5):
+                for a in range(0, 5000, 500):
+                    m.partial_fit(X[a : a + 500], y[a : a + 500])
+        return m
+
+    plain, late = stream(False), stream(True)
+    assert late._target_scale_fixed and late._target_scale > 10
+    first = (float(np.mean(y[:500])), float(np.std(y[:500])))
+    assert (late._target_offset, late._target_scale) == pytest.approx(first)
+    r2_plain, r2_late = r2_score(yt, plain.predict(Xt)), r2_score(yt, late.predict(Xt))
+    assert r2_plain > 0.5 and r2_late > r2_plain - 0.02, (r2_plain, r2_late)
