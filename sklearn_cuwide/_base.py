@@ -32,7 +32,7 @@ from ._minibatch import COMPUTE_DTYPE, Schedule, penalty_is_scaled, uses_validat
 from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
-from ._validation import check_float32_range, check_sparse_structure, surely_finite
+from ._validation import F32_MAX, check_float32_range, check_sparse_structure, scan_values
 
 __all__ = []
 
@@ -131,6 +131,7 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         sw_like = np.empty((X.shape[0], 0))
     else:
         X, y = _checked_host_X(X), _to_host_if_cupy(y)
+        finite, top = scan_values(X)  # one pass: finite, and within float32's range
         X, y = validate_data(
             est,
             X,
@@ -140,9 +141,9 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
             dtype=DTYPES,
             accept_large_sparse=True,
             y_numeric=y_numeric,
-            ensure_all_finite=not surely_finite(X),
+            ensure_all_finite=not finite,
         )
-        check_float32_range(X)
+        check_float32_range(X, top=top)
         sw_like = X
     if y_numeric and y is not None:
         check_float32_range(np.asarray(y, dtype=np.float64), "y")
@@ -173,6 +174,7 @@ def _check_predict_data(est, X, backend):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
         return validate_data(est, X, reset=False, skip_check_array=True)
     X = _checked_host_X(X)
+    finite, top = scan_values(X)
     X = validate_data(
         est,
         X,
@@ -180,9 +182,9 @@ def _check_predict_data(est, X, backend):
         accept_sparse=ACCEPT_SPARSE,
         dtype=DTYPES,
         accept_large_sparse=True,
-        ensure_all_finite=not surely_finite(X),
+        ensure_all_finite=not finite,
     )
-    check_float32_range(X)
+    check_float32_range(X, top=top)
     return X
 
 
@@ -493,8 +495,7 @@ def refuse_balanced_partial_fit(class_weight):
         )
 
 
-_F32 = np.finfo(COMPUTE_DTYPE)
-_F32_MAX, _F32_TINY = float(_F32.max), float(_F32.tiny)
+_F32_MAX, _F32_TINY = F32_MAX, float(np.finfo(COMPUTE_DTYPE).tiny)
 
 
 #: widest span of integer labels encoded with a bincount (beyond: a sort)

@@ -33,7 +33,6 @@ from ._minibatch import (
     validation_attrs,
 )
 from ._state import FitProgress, ModelState, StepParams
-from ._warn import warn
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 

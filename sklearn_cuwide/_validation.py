@@ -103,46 +103,78 @@ def host_reduce(func, a, combine):
     return combine(list(host_pool().map(func, [a[i:j] for i, j in zip(cuts[:-1], cuts[1:])])))
 
 
-def surely_finite(X):
-    """True when every value of ``X`` (a scipy sparse matrix's ``data``, or a
-    numpy array) is finite, by the sum of each piece (a NaN or an infinity
-    makes it non-finite); False when that is not sure (a non-finite value,
-    a sum that overflows, another type): scikit-learn's own check then
-    decides and words the error."""
+def _flat_values(X):
+    """The values of ``X`` (a scipy sparse matrix's ``data``, or a numpy
+    array) as one contiguous float32 or float64 array, or None."""
     a = getattr(X, "data", X) if hasattr(X, "format") else X
     if not isinstance(a, np.ndarray) or a.dtype not in (np.float32, np.float64):
-        return False
-    a = a.reshape(-1) if a.flags.c_contiguous else None
+        return None
+    return a.reshape(-1) if a.flags.c_contiguous else None
+
+
+def scan_values(X):
+    """``(finite, top)`` of the values of ``X`` in one pass over them:
+    ``finite`` as :func:`surely_finite`; ``top`` the largest magnitude of
+    float64 values (None for float32, which float32 holds, and for input
+    not scanned).  A float64 value beyond float32's range is found by the
+    same pass that finds a NaN or an infinity."""
+    a = _flat_values(X)
     if a is None:
-        return False
-    return bool(host_reduce(_finite_sum, a, all))
+        return False, None
+    if a.dtype == np.float64:
+        top = host_reduce(_largest_magnitude, a, _nan_max) if a.size else 0.0
+        return bool(np.isfinite(top)), top
+    return bool(host_reduce(_finite_sum, a, all)), None
+
+
+def surely_finite(X):
+    """True when every value of ``X`` (a scipy sparse matrix's ``data``, or a
+    numpy array) is finite: float64 by its largest magnitude, float32 by the
+    sum of each piece (a NaN or an infinity makes it non-finite); False when
+    that is not sure (a non-finite value, a sum that overflows, another
+    type): scikit-learn's own check then decides and words the error."""
+    return scan_values(X)[0]
 
 
 #: the largest float32: what the model is computed in
 F32_MAX = float(np.finfo(np.float32).max)
+#: values of a piece whose magnitudes are taken at a time (a temporary that
+#: stays in cache: the pass reads the data once)
+_MAGNITUDE_BLOCK = 1 << 16
 
 
 def largest_beyond_float32(X):
     """The largest magnitude among the values of a float64 ``X`` (a scipy
     sparse matrix's ``data``, or a numpy array) when it is beyond float32's
     range, else None (float32 and other dtypes are within it)."""
-    a = getattr(X, "data", X) if hasattr(X, "format") else X
-    if not isinstance(a, np.ndarray) or a.dtype != np.float64 or a.size == 0:
-        return None
-    a = a.reshape(-1)
-    top = host_reduce(_largest_magnitude, a, max)
-    return top if top > F32_MAX else None
+    top = scan_values(X)[1]
+    return top if top is not None and top > F32_MAX else None
 
 
 def _largest_magnitude(a):
-    return float(max(a.max(), -a.min())) if a.size else 0.0
+    """The largest ``|a|`` (NaN when ``a`` holds one)."""
+    top = 0.0
+    for i in range(0, a.shape[0], _MAGNITUDE_BLOCK):
+        m = float(np.abs(a[i : i + _MAGNITUDE_BLOCK]).max())
+        if m != m:  # NaN
+            return m
+        top = max(top, m)
+    return top
 
 
-def check_float32_range(X, what="X"):
+def _nan_max(values):
+    values = list(values)
+    return next((v for v in values if v != v), max(values))
+
+
+def check_float32_range(X, what="X", top=None):
     """Refuse values beyond float32's range, in which the model is computed
-    (they would become infinities and the model or its predictions NaN)."""
-    top = largest_beyond_float32(X)
-    if top is not None:
+    (they would become infinities and the model or its predictions NaN).
+    ``top``: the largest magnitude :func:`scan_values` found already (else
+    the values are scanned here)."""
+    if top is None:
+        top = largest_beyond_float32(X)
+    if top is not None and top > F32_MAX:
         raise ValueError(float32_range_message(top, what))
 
 

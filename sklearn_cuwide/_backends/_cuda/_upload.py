@@ -66,9 +66,8 @@ def _pinned_or_pageable(xp, n, dtype):
     """``n`` items in page-locked host memory of their own, or, when the
     system refuses to lock that much, in ordinary memory (each epoch then
     stages the copies through the uploader's pinned slots)."""
-    errors = (MemoryError,) + tuple(
-        e for e in (getattr(getattr(xp.cuda, "runtime", None), "CUDARuntimeError", None),)
-        if e is not None)
+    errors = (MemoryError,
+              getattr(getattr(xp.cuda, "runtime", None), "CUDARuntimeError", MemoryError))
     try:
         return pinned_empty(xp, n, dtype, pooled=False)[:n]
     except errors:
