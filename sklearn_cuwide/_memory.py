@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from ._out_of_core import MAX_WINDOW_NNZ, WINDOW_BYTES_PER_NNZ
+from ._out_of_core import MAX_WINDOW_NNZ, PIECE_ROWS, WINDOW_BYTES_PER_NNZ
 
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
@@ -426,7 +426,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
         # whose temporaries take at most a window's bytes: never both at once
         train["a window's layout, or the cold sets of a run of mini-batches"] = (
             WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ))
-        train["the cold rows in transit"] = dev_state
+        # a window's cold ids, and where the host rows are not page-locked
+        # a bounded piece of one row array at a time
+        train["the cold rows in transit"] = 8 * rows + min(rows, PIECE_ROWS) * (
+            COMPUTE_ITEMSIZE * max(s.n_outputs, s.n_factors))
     # the penalty factors (with their computation's int64 and float64
     # temporaries), their copy beside Adagrad's sums, and the step scales of
     # concurrent workers (frequencies, scales and a temporary)

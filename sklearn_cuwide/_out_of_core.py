@@ -46,6 +46,10 @@ ROW_ARRAYS = ("w", "V", "gw", "gV")
 MAX_WINDOW_NNZ = 1 << 22
 #: device bytes of a window's layout per nonzero, while it is made
 WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
+#: rows a backend moves at a time through a device temporary when the host
+#: rows are not where its kernels reach them (``gather_rows`` of ordinary
+#: memory): a bounded temporary, which the memory plan allows for
+PIECE_ROWS = 1 << 16
 #: device bytes per nonzero of a run of :func:`cold_sets` (at most
 #: :func:`cold_sets_run_nnz` nonzeros, or one mini-batch), an upper bound from its
 #: live arrays: the int64 keys, the mask, the selected keys with the mask's
@@ -377,12 +381,14 @@ class HostRows:
 
     ``state``: a full state in layout feature order (numpy); ``sets``: the
     layout's :class:`ColdSets` at ``plan.n_resident``.  The state's rows
-    ``>= n_resident`` stay on the host (``state``'s arrays, updated in
-    place); the device buffer (:attr:`device`, the backend's state:
-    ``backend.put_state`` of the resident rows and zeroed slots) holds the
-    rest.  :meth:`load` and :meth:`store` move a window's cold rows in and
-    out; :meth:`result` writes the resident rows back and returns the full
-    state.
+    ``>= n_resident`` stay on the host, in the state's arrays as the
+    backend's ``host_rows`` keeps them (page-locked for the CUDA backend,
+    which its row kernels read and write in place), updated there; the
+    device buffer (:attr:`device`, the backend's state: ``backend.put_state``
+    of the resident rows and zeroed slots) holds the rest.  :meth:`load` and
+    :meth:`store` move a window's cold rows in and out (``gather_rows`` and
+    ``scatter_rows``, queued on the backend); :meth:`result` writes the
+    resident rows back and returns the full state.
     """
 
     def __init__(self, state, plan, sets, backend):
@@ -396,25 +402,46 @@ class HostRows:
             else:
                 buf[k] = a.copy()
         self.device = backend.put_state(ModelState(**buf))
+        del buf
+        for k in ROW_ARRAYS:
+            if getattr(state, k) is not None:
+                setattr(state, k, backend.host_rows(getattr(state, k)))
+        self._ids = (None, None)
+
+    def _device_ids(self, cold):
+        """``cold`` on the backend (kept for the :meth:`store` that follows
+        its :meth:`load`)."""
+        if self._ids[0] is not cold:
+            self._ids = (cold, self.backend.to_device(np.asarray(cold, dtype=np.int64)))
+        return self._ids[1]
 
     def load(self, cold):
-        r, to_device = self.plan.n_resident, self.backend.to_device
-        for k in ROW_ARRAYS:
-            a = getattr(self.state, k)
-            if a is not None and cold.size:
-                getattr(self.device, k)[r : r + cold.size] = to_device(a[cold])
+        """The rows of features ``cold`` (sorted, distinct, cold) into the
+        first ``cold.size`` slots."""
+        r, n = self.plan.n_resident, cold.size
+        if n:
+            ids = self._device_ids(cold)
+            for k in ROW_ARRAYS:
+                a = getattr(self.state, k)
+                if a is not None:
+                    self.backend.gather_rows(a, ids, getattr(self.device, k)[r : r + n])
 
     def store(self, cold):
-        r, to_host = self.plan.n_resident, self.backend.to_host
-        for k in ROW_ARRAYS:
-            a = getattr(self.state, k)
-            if a is not None and cold.size:
-                a[cold] = to_host(getattr(self.device, k)[r : r + cold.size])
+        """The slots back into the host rows of features ``cold`` (those of
+        the last :meth:`load`)."""
+        r, n = self.plan.n_resident, cold.size
+        if n:
+            ids = self._device_ids(cold)
+            for k in ROW_ARRAYS:
+                a = getattr(self.state, k)
+                if a is not None:
+                    self.backend.scatter_rows(getattr(self.device, k)[r : r + n], ids, a)
 
     def result(self):
         """The full state (layout order, numpy), the resident rows and the
         intercepts copied back from the device."""
         r, to_host = self.plan.n_resident, self.backend.to_host
+        self.backend.synchronize()  # the slots' last rows are on the host
         for k, a in self.state.arrays().items():
             if k in ROW_ARRAYS:  # the resident rows: the slots are written back already
                 a[:r] = to_host(getattr(self.device, k)[:r])

@@ -94,6 +94,22 @@ class Backend(Protocol):
         of ``sample_weight * loss``.  ``workers=1`` trains strictly in order;
         ``ramp`` warms the concurrency up (the first epoch of a fresh fit)."""
 
+    # -- models wider than the device (:mod:`sklearn_cuwide._out_of_core`) --
+    def host_rows(self, a):
+        """A numpy array of model rows kept in host memory as
+        ``gather_rows`` and ``scatter_rows`` move them fastest (page-locked
+        memory for the CUDA backend, when the system grants it; ``a``
+        itself, or a copy)."""
+
+    def gather_rows(self, host, ids, out):
+        """``out[i] = host[ids[i]]``: ``host`` from ``host_rows``, ``ids``
+        (int64) and ``out`` on the backend."""
+
+    def scatter_rows(self, dev, ids, host):
+        """``host[ids[i]] = dev[i]`` (``ids`` distinct), arguments as
+        ``gather_rows``'s; the host rows are written once the backend's
+        queued work is done (``synchronize``)."""
+
     # -- prediction and full-batch products -------------------------------
     def decision_function(self, X, w, b, V=None, fit_linear=True):
         """Decision values (n_samples, n_outputs) of a CSR matrix."""

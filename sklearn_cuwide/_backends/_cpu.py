@@ -136,6 +136,24 @@ def synchronize():
     pass
 
 
+def host_rows(a):
+    """A model's rows held in host memory: ``a`` itself (the CPU's model
+    is there already)."""
+    return a
+
+
+def gather_rows(host, ids, out):
+    """``out[i] = host[ids[i]]``."""
+    out[...] = host[ids]
+    return out
+
+
+def scatter_rows(dev, ids, host):
+    """``host[ids[i]] = dev[i]`` (``ids`` distinct)."""
+    host[ids] = dev
+    return host
+
+
 # --------------------------------------------------------------------------
 # the mini-batch step
 # --------------------------------------------------------------------------

@@ -13,6 +13,8 @@ modules mirror ``cuda/``:
 * :mod:`._lbfgs` -- ``cuwide_lbfgs.cu`` and the full-batch products;
 * :mod:`._validate` -- checks of cupy / cupyx input, on the device;
 * :mod:`._upload` -- the pinned double-buffered uploader of the layout;
+* :mod:`._rows` -- ``cuwide_rows.cu``: the cold rows of a model wider than
+  the device, gathered from and scattered to page-locked host memory;
 * :mod:`._ablation` -- the benchmarks' ablation, never used by the
   estimators: ``cuwide_classic.cu`` (the classic schema) and the flow
   kernel with one optimisation off.
@@ -39,6 +41,7 @@ from ._runtime import (
     to_host,
     use_device,
 )
+from ._rows import gather_rows, host_rows, scatter_rows
 from ._train import run_epoch
 from ._validate import validate_input
 
@@ -52,4 +55,5 @@ __all__ = [
     "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
+    "host_rows", "gather_rows", "scatter_rows",
 ]

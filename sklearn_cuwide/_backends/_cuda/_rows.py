@@ -1,0 +1,87 @@
+"""Model rows between the device and page-locked host memory
+(``cuda/cuwide_rows.cu``): the cold rows of a model wider than the device
+(:mod:`sklearn_cuwide._out_of_core`)."""
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from ..._kernels import get_kernel
+from ..._out_of_core import PIECE_ROWS
+from ._upload import is_pinned, pinned_empty
+
+__all__ = ["host_rows", "gather_rows", "scatter_rows"]
+
+_THREADS = 256
+_MAX_BLOCKS = 1 << 15
+
+
+def host_rows(a):
+    """``a`` (numpy, rows first) copied into page-locked host memory of its
+    own, which the row kernels read and write in place; ``a`` itself when
+    the system refuses to lock that much (its rows then move through
+    ordinary copies, :data:`PIECE_ROWS` at a time)."""
+    a = np.ascontiguousarray(a)
+    try:
+        out = pinned_empty(cp, a.size, a.dtype, pooled=False)[: a.size].reshape(a.shape)
+    except (MemoryError, cp.cuda.runtime.CUDARuntimeError):
+        return a
+    np.copyto(out, a)
+    return out
+
+
+def _row_words(host):
+    row = host.dtype.itemsize * int(np.prod(host.shape[1:], dtype=np.int64))
+    if row % 4:
+        raise ValueError(f"rows of {row} bytes are not whole 32-bit words")
+    return row // 4
+
+
+def _launch(name, src, ids, n, words, dst):
+    blocks = max(1, min(math.ceil(n * words / _THREADS), _MAX_BLOCKS))
+    get_kernel("cuwide_rows.cu", name)(
+        (blocks,), (_THREADS,), (src, ids, np.int64(n), np.int32(words), dst))
+
+
+def _check(host, ids, dev):
+    if not (host.flags.c_contiguous and dev.flags.c_contiguous):
+        raise ValueError("the rows must be C-contiguous")
+    if dev.shape != (ids.shape[0],) + host.shape[1:] or dev.dtype != host.dtype:
+        raise ValueError(f"{dev.shape} {dev.dtype} rows for {ids.shape[0]} rows of "
+                         f"{host.shape} {host.dtype}")
+
+
+def gather_rows(host, ids, out):
+    """``out[i] = host[ids[i]]``: ``host`` numpy (:func:`host_rows`),
+    ``ids`` int64 and ``out`` (contiguous) on the device."""
+    _check(host, ids, out)
+    n = int(ids.shape[0])
+    if n == 0:
+        return out
+    if is_pinned(cp, host):
+        _launch("cuwide_gather_rows", np.uint64(host.ctypes.data),
+                cp.ascontiguousarray(ids, dtype=cp.int64), n, _row_words(host), out)
+        return out
+    for a in range(0, n, PIECE_ROWS):
+        b = min(a + PIECE_ROWS, n)
+        out[a:b] = cp.asarray(host[cp.asnumpy(ids[a:b])])
+    return out
+
+
+def scatter_rows(dev, ids, host):
+    """``host[ids[i]] = dev[i]`` (``ids`` distinct), the arguments as
+    :func:`gather_rows` takes them.  The host rows are written when the
+    current stream reaches the copy (``synchronize`` before reading them)."""
+    _check(host, ids, dev)
+    n = int(ids.shape[0])
+    if n == 0:
+        return host
+    if is_pinned(cp, host):
+        _launch("cuwide_scatter_rows", dev, cp.ascontiguousarray(ids, dtype=cp.int64), n,
+                _row_words(host), np.uint64(host.ctypes.data))
+        return host
+    for a in range(0, n, PIECE_ROWS):
+        b = min(a + PIECE_ROWS, n)
+        host[cp.asnumpy(ids[a:b])] = cp.asnumpy(dev[a:b])
+    return host
