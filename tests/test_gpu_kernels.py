@@ -533,13 +533,16 @@ def test_classic_kernel_matches_per_sample_reference(cuda, model):
 
 
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
-@pytest.mark.parametrize("dtype,width", [(np.float32, 33), (np.float32, 1),
-                                         (np.float64, 5)])
-def test_row_kernels_match_numpy(cuda, pinned, dtype, width):
+@pytest.mark.parametrize("dtype,width,wider", [(np.float32, 33, 0), (np.float32, 1, 0),
+                                               (np.float64, 5, 0), (np.float32, 1, 1),
+                                               (np.float32, 3, 2)])
+def test_row_kernels_match_numpy(cuda, pinned, dtype, width, wider):
     """Cold rows gathered from host memory into device slots and scattered
     back (``cuda/cuwide_rows.cu`` for page-locked rows; pieces of ordinary
     copies otherwise) equal numpy's fancy indexing; the rows not named stay
-    as they were, bit for bit."""
+    as they were, bit for bit.  ``wider``: the device rows are the leading
+    columns of a buffer that many columns wider (as Adagrad's sums packed
+    beside the penalty factors are), whose other columns stay untouched."""
     import cupy as cp
 
     from sklearn_cuwide._backends._cuda import _rows
@@ -552,14 +555,17 @@ def test_row_kernels_match_numpy(cuda, pinned, dtype, width):
     assert is_pinned(cp, host) == pinned
     ids = np.sort(rng.choice(n_rows, size=n_rows // 3, replace=False)).astype(np.int64)
     ids_d = cp.asarray(ids)
-    out = cp.full((ids.size + 5, width), np.nan, dtype=dtype)  # 5 slots not written
+    # 5 slots not written, and ``wider`` columns beside the rows
+    buf = cp.full((ids.size + 5, width + wider), np.nan, dtype=dtype)
+    out = buf[:, :width]
     cuda.gather_rows(host, ids_d, out[: ids.size])
     cuda.synchronize()
-    got = cp.asnumpy(out)
-    np.testing.assert_array_equal(got[: ids.size], ref[ids])
-    assert np.isnan(got[ids.size :]).all()
+    got = cp.asnumpy(buf)
+    np.testing.assert_array_equal(got[: ids.size, :width], ref[ids])
+    assert np.isnan(got[ids.size :]).all() and np.isnan(got[:, width:]).all()
     new = rng.standard_normal((ids.size, width)).astype(dtype)
-    cuda.scatter_rows(cp.asarray(new), ids_d, host)
+    out[: ids.size] = cp.asarray(new)
+    cuda.scatter_rows(out[: ids.size], ids_d, host)
     cuda.synchronize()
     want = ref.copy()
     want[ids] = new

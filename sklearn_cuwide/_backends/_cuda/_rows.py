@@ -38,30 +38,40 @@ def _row_words(host):
     return row // 4
 
 
-def _launch(name, src, ids, n, words, dst):
+def _launch(name, src, ids, n, words, stride, dst):
     blocks = max(1, min(math.ceil(n * words / _THREADS), _MAX_BLOCKS))
     get_kernel("cuwide_rows.cu", name)(
-        (blocks,), (_THREADS,), (src, ids, np.int64(n), np.int32(words), dst))
+        (blocks,), (_THREADS,), (src, ids, np.int64(n), np.int32(words), np.int64(stride),
+                                 dst))
 
 
 def _check(host, ids, dev):
-    if not (host.flags.c_contiguous and dev.flags.c_contiguous):
-        raise ValueError("the rows must be C-contiguous")
-    if dev.shape != (ids.shape[0],) + host.shape[1:] or dev.dtype != host.dtype:
+    """The device rows' stride in 32-bit words: ``dev`` (2-D) may be whole
+    rows, or a view of a wider buffer's leading columns."""
+    if (dev.ndim != 2 or dev.shape != (ids.shape[0],) + host.shape[1:]
+            or dev.dtype != host.dtype):
         raise ValueError(f"{dev.shape} {dev.dtype} rows for {ids.shape[0]} rows of "
                          f"{host.shape} {host.dtype}")
+    item = dev.dtype.itemsize
+    if not host.flags.c_contiguous or (dev.shape[1] > 1 and dev.strides[1] != item):
+        raise ValueError("each row must be contiguous")
+    stride = dev.strides[0] if dev.shape[0] > 1 else item * dev.shape[1]
+    if stride % 4:
+        raise ValueError(f"rows {stride} bytes apart are not whole 32-bit words")
+    return stride // 4
 
 
 def gather_rows(host, ids, out):
     """``out[i] = host[ids[i]]``: ``host`` numpy (:func:`host_rows`),
-    ``ids`` int64 and ``out`` (contiguous) on the device."""
-    _check(host, ids, out)
+    ``ids`` int64 and ``out`` on the device (each row contiguous; rows
+    evenly apart, as in a view of a wider buffer's leading columns)."""
+    stride = _check(host, ids, out)
     n = int(ids.shape[0])
     if n == 0:
         return out
     if is_pinned(cp, host):
         _launch("cuwide_gather_rows", np.uint64(host.ctypes.data),
-                cp.ascontiguousarray(ids, dtype=cp.int64), n, _row_words(host), out)
+                cp.ascontiguousarray(ids, dtype=cp.int64), n, _row_words(host), stride, out)
         return out
     for a in range(0, n, PIECE_ROWS):
         b = min(a + PIECE_ROWS, n)
@@ -73,13 +83,13 @@ def scatter_rows(dev, ids, host):
     """``host[ids[i]] = dev[i]`` (``ids`` distinct), the arguments as
     :func:`gather_rows` takes them.  The host rows are written when the
     current stream reaches the copy (``synchronize`` before reading them)."""
-    _check(host, ids, dev)
+    stride = _check(host, ids, dev)
     n = int(ids.shape[0])
     if n == 0:
         return host
     if is_pinned(cp, host):
         _launch("cuwide_scatter_rows", dev, cp.ascontiguousarray(ids, dtype=cp.int64), n,
-                _row_words(host), np.uint64(host.ctypes.data))
+                _row_words(host), stride, np.uint64(host.ctypes.data))
         return host
     for a in range(0, n, PIECE_ROWS):
         b = min(a + PIECE_ROWS, n)
