@@ -315,13 +315,15 @@ def _validation_parts(s, where):
     return parts
 
 
-def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
+def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     """``{phase: {part: bytes}}`` of a mini-batch fit on ``where`` ("host" for
     the CPU backend; "device" and "host" for the CUDA backend); ``layout``:
     "host" (CPU backend), "device" (built and resident on the GPU),
     "uploaded" (built on the host, resident on the GPU) or "streamed";
     ``build_chunk_nnz``: a streamed layout tiled on the GPU into pinned host
-    memory, this many nonzeros at a time (None: built on the host)."""
+    memory, this many nonzeros at a time (None: built on the host);
+    ``csr_whole``: a "device" layout of host input built from its CSR
+    uploaded whole (else planned on the host, its chunks uploaded)."""
     n_batches, n_sblocks = layout_blocks(s.n_rows, s.batch_size, s.sample_block)
     lay = layout_bytes(s.nnz, s.n_rows, s.batch_size, s.sample_block)
     state = state_bytes(s.n_features, s.n_outputs, s.n_factors, s.adagrad)
@@ -385,16 +387,19 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
     if layout == "device":
         c_nnz, c_rows, n_chunks = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
                                                DEVICE_CHUNK_NNZ)
-        # host input: the chunk uploaded (two staged at once when they
-        # overlap the sorts); device input: the chunk's rows gathered in the
-        # layout's row order, with the gather's int64 positions
-        staged = 1 if (s.on_device or n_chunks < 2) else 2
+        # X on the device (cupy input, or host input uploaded whole): the
+        # chunk's rows gathered in the layout's row order, with the gather's
+        # int64 positions; host input planned on the host: the chunk
+        # uploaded (two staged at once when they overlap the sorts)
+        whole = s.on_device or csr_whole
+        staged = 1 if (whole or n_chunks < 2) else 2
         chunk = csr_bytes(c_nnz, c_rows, s.index_itemsize, s.value_itemsize)
         phases["layout build"] = {
             **base, "the training layout": lay,
+            "X uploaded whole": (csr_bytes(s.nnz, n, s.index_itemsize, s.value_itemsize)
+                                 if csr_whole and not s.on_device else 0),
             "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
-            "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if s.on_device
-                                                          else 0),
+            "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if whole else 0),
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     elif layout == "streamed" and build_chunk_nnz is not None:
@@ -418,6 +423,12 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
         train["the training layout"] = lay
     rows = d if s.model_rows is None else min(int(s.model_rows), d)
     dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
+    if rows < d and s.penalty_scaled:
+        # out of core, the whole layout's penalty factors are computed
+        # before the model's rows take the device (then kept on the host)
+        phases["out-of-core setup"] = {
+            **train, "the penalty factors' computation": 28 * d,
+            "targets, sample weights and batch order": 8 * n + 8 * n_batches}
     train["the model state"] = dev_state
     if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
         train["the best epoch's copy of the model state"] = dev_state
@@ -431,10 +442,13 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None):
         train["the cold rows in transit"] = 8 * rows + min(rows, PIECE_ROWS) * (
             COMPUTE_ITEMSIZE * max(s.n_outputs, s.n_factors))
     # the penalty factors (with their computation's int64 and float64
-    # temporaries), their copy beside Adagrad's sums, and the step scales of
-    # concurrent workers (frequencies, scales and a temporary)
-    train["per-feature step factors"] = (
-        (28 * d + (4 * d if s.adagrad else 0) if s.penalty_scaled else 0) + 12 * rows)
+    # temporaries; out of core a window's, computed on the host), their copy
+    # beside Adagrad's sums, and the step scales of concurrent workers
+    # (frequencies, scales and a temporary)
+    penalty = 0
+    if s.penalty_scaled:
+        penalty = (28 * d if rows == d else 4 * rows) + (4 * rows if s.adagrad else 0)
+    train["per-feature step factors"] = penalty + 12 * rows
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
     phases["training"] = train
     return phases
@@ -467,12 +481,13 @@ def _lbfgs_parts(s, where, device_backend):
     return {"training": parts}
 
 
-def fit_needs(shape, backend, layout=None, build_chunk_nnz=None):
+def fit_needs(shape, backend, layout=None, build_chunk_nnz=None, csr_whole=False):
     """``{"host": phases, "device": phases}`` of a fit (``device`` only for
     the CUDA backend), each ``{phase: {part: bytes}}``.  ``backend``: "cpu"
     or "cuda"; ``layout``: for the CUDA backend's mini-batch fits, "device",
     "uploaded" or "streamed", with ``build_chunk_nnz`` for a streamed
-    layout tiled on the GPU (:func:`_minibatch_parts`)."""
+    layout tiled on the GPU, ``csr_whole`` for a "device" layout built from
+    host input uploaded whole (:func:`_minibatch_parts`)."""
     if shape.solver == "lbfgs":
         out = {"host": _lbfgs_parts(shape, "host", backend == "cuda")}
         if backend == "cuda":
@@ -481,7 +496,7 @@ def fit_needs(shape, backend, layout=None, build_chunk_nnz=None):
     if backend == "cpu":
         return {"host": _minibatch_parts(shape, "host", "host")}
     return {"host": _minibatch_parts(shape, "host", layout, build_chunk_nnz),
-            "device": _minibatch_parts(shape, "device", layout, build_chunk_nnz)}
+            "device": _minibatch_parts(shape, "device", layout, build_chunk_nnz, csr_whole)}
 
 
 def predict_needs(shape, backend):
@@ -561,6 +576,10 @@ class MemoryPlan:
         A "streamed" layout tiled on the GPU into page-locked host memory,
         this many nonzeros at a time (:func:`_streamed_build`); None:
         built on the host.
+    csr_whole : bool
+        A "device" layout of host input built from its CSR uploaded whole
+        (the fastest build; it holds the CSR beside the layout while it
+        runs), else planned on the host and its chunks uploaded.
     """
 
     what: str
@@ -573,6 +592,7 @@ class MemoryPlan:
     suggestions: tuple = ()
     model_rows: object = None
     build_chunk_nnz: object = None
+    csr_whole: bool = False
 
     def peak(self, where):
         """The largest phase's bytes on ``where`` ("host" or "device")."""
@@ -650,6 +670,11 @@ def plan_fit(shape, backend, available, how):
     would fit.
     """
     if backend == "cuda" and shape.solver != "lbfgs":
+        if not shape.on_device:  # the CSR uploaded whole, when it fits beside the build
+            needs = fit_needs(shape, backend, "device", csr_whole=True)
+            if _within(needs, available):
+                return MemoryPlan("fit", backend, "device", needs, dict(available),
+                                  dict(how), True, csr_whole=True)
         for layout in ("device", "uploaded", "streamed"):
             needs = fit_needs(shape, backend, layout)
             if _within(needs, available):

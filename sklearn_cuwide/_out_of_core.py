@@ -36,7 +36,7 @@ from ._state import ModelState
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
     "cold_sets_run_nnz", "nonzero_runs",
-    "plan_windows", "window_layout", "HostRows", "run_epoch_out_of_core",
+    "plan_windows", "window_layout", "WindowStats", "HostRows", "run_epoch_out_of_core",
 ]
 
 #: the arrays of a state with one row per feature
@@ -299,7 +299,53 @@ def ranked_counts(layout):
     return np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
 
 
-def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, ranked=None):
+class WindowStats:
+    """The whole layout's per-feature statistics as every window layout of
+    a fit takes them (:func:`window_layout`): host buffers of the device
+    model's rows, the resident features' part written once (the penalty
+    factors) or by one vectorised pass (the counts, scaled to the window),
+    a window's slots filled in per window.  Rule: no per-window gather or
+    allocation over the model's resident rows.  Why: those are most of
+    the model, and a window trains a few mini-batches.  A backend reads
+    them while the window's layout is put on it, before the next window
+    writes them again.
+
+    ``penalty``: the whole layout's penalty factors (layout order) or None.
+    """
+
+    def __init__(self, layout, n_resident, n_slots, penalty=None):
+        r, rows = int(n_resident), int(n_resident) + int(n_slots)
+        self.n_resident, self.n_rows = r, max(int(layout.n_rows), 1)
+        self.ranked = ranked_counts(layout).astype(np.float64)
+        #: the window layout's feature order and rank: the identity
+        self.identity = np.arange(rows, dtype=np.int64)
+        self._counts = np.zeros(rows, dtype=np.float64)
+        self.penalty, self._factors = None, None
+        if penalty is not None:
+            self.penalty = np.asarray(penalty, dtype=np.float32)
+            self._factors = np.zeros(rows, dtype=np.float32)
+            self._factors[:r] = self.penalty[:r]
+
+    def counts(self, window, window_rows):
+        """The counts scaled to the window's rows (unused slots: 0)."""
+        r, c, out = self.n_resident, window.cold.size, self._counts
+        scale = window_rows / self.n_rows
+        np.multiply(self.ranked[:r], scale, out=out[:r])
+        np.multiply(self.ranked[window.cold], scale, out=out[r : r + c])
+        out[r + c :] = 0
+        return out
+
+    def factors(self, window):
+        """The penalty factors (unused slots: 0), or None."""
+        if self.penalty is None:
+            return None
+        r, c, out = self.n_resident, window.cold.size, self._factors
+        out[r : r + c] = self.penalty[window.cold]
+        out[r + c :] = 0
+        return out
+
+
+def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stats=None):
     """The layout of ``window``'s mini-batches alone, cold ids renumbered to
     slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
     ``window.cold[s] == f``.
@@ -309,8 +355,9 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, rank
     or None when the penalties are not scaled), and ``feature_counts`` the
     whole layout's counts scaled to the window's rows (what a backend's
     concurrency damping reads as each feature's frequency); its features are
-    in layout order (``feature_order`` the identity).  ``ranked``:
-    :func:`ranked_counts` of ``layout``, when the caller has it.
+    in layout order (``feature_order`` the identity).  ``stats``: the fit's
+    :class:`WindowStats` (made here from ``penalty`` when None), whose
+    buffers the statistics are.
 
     Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
     mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
@@ -337,15 +384,8 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, rank
         np.cumsum(counts, out=out[1:])
         return out
 
-    ids = slot_features(window, n_resident, n_slots)
-    used = ids >= 0
-    if ranked is None:
-        ranked = ranked_counts(layout)
-    counts = np.where(used, ranked[np.maximum(ids, 0)], 0) * (
-        rows.shape[0] / max(layout.n_rows, 1))
-    factors = None
-    if penalty is not None:
-        factors = np.where(used, np.asarray(penalty)[np.maximum(ids, 0)], 0.0)
+    if stats is None:
+        stats = WindowStats(layout, n_resident, n_slots, penalty)
     sub = TileLayout(
         n_rows=int(rows.shape[0]),
         n_features=int(n_resident + n_slots),
@@ -359,10 +399,10 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, rank
         sblock_row_ptr=ptr(sb_len),
         batch_sblock_ptr=ptr(bsp[bts + 1] - bsp[bts]),
         row_order=rows,
-        feature_order=np.arange(n_resident + n_slots, dtype=np.int64),
-        feature_rank=np.arange(n_resident + n_slots, dtype=np.int64),
-        feature_counts=counts,
-        penalty_factors=factors,
+        feature_order=stats.identity,
+        feature_rank=stats.identity,
+        feature_counts=stats.counts(window, rows.shape[0]),
+        penalty_factors=stats.factors(window),
     )
     return sub, rows
 
@@ -452,7 +492,7 @@ class HostRows:
 
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
                           batch_order, *, penalty_scale=None, workers=None, xp=np,
-                          ranked=None):
+                          stats=None):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
@@ -460,19 +500,19 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     ``penalty_scale``: the full layout's per-feature penalty factor (layout
     order) when ``params`` scales the penalties: a window layout would count
     its own mini-batches only.  ``xp``: the module of the layout's nonzeros;
-    ``ranked``: :func:`ranked_counts` of ``layout`` (computed here if None).
+    ``stats``: the fit's :class:`WindowStats` (made here if None).
     Returns the epoch's weighted loss sum.
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
-    if ranked is None:
-        ranked = ranked_counts(layout)
+    if stats is None:
+        stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale)
     total = 0.0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
-                                   penalty=penalty_scale, ranked=ranked)
+                                   stats=stats)
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),
@@ -559,19 +599,22 @@ class OutOfCoreModel:
                                          draw_rows=min(1 << 20, max(1, model_rows // 64)))
         self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
         sets = cold_sets(layout, self.plan.n_resident, xp)
-        self.rows = HostRows(host, self.plan, sets, backend)
-        self._xp = xp
-        self._ranked = ranked_counts(layout)
+        # the whole layout's penalty factors before the model takes the
+        # device: their computation's temporaries are O(n_features)
         self.penalty = None
         if params.penalty_scaled:
             self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
+        self.rows = HostRows(host, self.plan, sets, backend)
+        self._xp = xp
+        self._stats = WindowStats(layout, self.plan.n_resident, self.plan.n_slots,
+                                  self.penalty)
 
     def epoch(self, y_l, sw_l, batch_weight, order, workers=None):
         """One epoch in ``order``; its weighted loss sum."""
         return run_epoch_out_of_core(
             self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
             order, penalty_scale=self.penalty, workers=workers, xp=self._xp,
-            ranked=self._ranked)
+            stats=self._stats)
 
     def state(self):
         """The whole state now (layout order, numpy)."""

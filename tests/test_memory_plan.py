@@ -210,6 +210,49 @@ def test_a_streamed_layout_is_tiled_on_the_gpu_where_a_chunk_fits():
     assert plan.layout == "streamed" and plan.build_chunk_nnz is None
 
 
+def test_a_device_layout_of_host_input_counts_its_csr_when_uploaded_whole():
+    """The GPU build from host input either uploads the CSR whole (fastest;
+    it holds the CSR beside the layout) or plans on the host and uploads
+    chunks: the plan counts the one the build then takes
+    (``MemoryPlan.csr_whole``, which the CUDA backend's build follows)."""
+    s = _shape()
+    how = {"host": "h", "device": "d"}
+    whole = _memory.fit_needs(s, "cuda", "device", csr_whole=True)["device"]
+    chunks = _memory.fit_needs(s, "cuda", "device")["device"]
+    csr = _memory.csr_bytes(s.nnz, s.n_rows, 4, 4)
+    assert whole["layout build"]["X uploaded whole"] == csr
+    assert chunks["layout build"]["X uploaded whole"] == 0
+    peak_whole, peak_chunks = _memory._peak(whole)[0], _memory._peak(chunks)[0]
+    assert peak_whole > peak_chunks + csr // 2
+    for avail, csr_whole in ((peak_whole, True), (peak_whole - 1, False),
+                             (peak_chunks, False)):
+        plan = _memory.plan_fit(s, "cuda", {"host": None, "device": avail}, how)
+        assert plan.fits and plan.layout == "device" and plan.csr_whole == csr_whole
+        assert plan.peak("device") <= avail
+    # cupy input is on the device already: nothing uploaded, never "whole"
+    on_dev = replace(s, on_device=True)
+    plan = _memory.plan_fit(on_dev, "cuda", {"host": None, "device": peak_whole}, how)
+    assert plan.layout == "device" and not plan.csr_whole
+    assert plan.needs["device"]["layout build"]["X uploaded whole"] == 0
+
+
+def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
+    """Scaled penalties out of core: the whole layout's factors (their
+    O(n_features) temporaries) are a setup phase of their own, and the
+    training phase counts a window's factors, O(model rows)."""
+    s = _shape(n_features=2**24, penalty_scaled=True)
+    rows = 2**20
+    dev = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
+    setup, train = dev["out-of-core setup"], dev["training"]
+    assert setup["the penalty factors' computation"] == 28 * s.n_features
+    assert "the model state" not in setup
+    assert train["per-feature step factors"] == (4 + 4 + 12) * rows
+    resident = _memory.fit_needs(s, "cuda", "streamed")["device"]
+    assert "out-of-core setup" not in resident
+    assert resident["training"]["per-feature step factors"] == (
+        32 * s.n_features + 12 * s.n_features)
+
+
 def _peak_device(shape, layout):
     return _memory.MemoryPlan("fit", "cuda", layout, _memory.fit_needs(shape, "cuda", layout),
                               {}, {}, True).peak("device")

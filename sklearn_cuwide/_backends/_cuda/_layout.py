@@ -48,9 +48,9 @@ def build_layout(X, memory_budget=None, **kw):
     Inside a fit, the memory plan says whether the layout is built on the
     GPU (:func:`sklearn_cuwide._memory.active_plan`: "device") or on the
     host, then copied in or streamed every epoch (:class:`DeviceLayout`).
-    On the GPU, :func:`._upload.build_site` chooses how, for the plan's
-    device budget (outside a fit: ``memory_budget``, default the budget of
-    ``device_memory_limit``):
+    On the GPU, the plan says how (``csr_whole``: "device" below, else
+    "host_plan"); outside a fit :func:`._upload.build_site` chooses, for
+    ``memory_budget`` (default the budget of ``device_memory_limit``):
 
     * ``"device"``: a host matrix's CSR is uploaded as it is and planned,
       shuffled and tiled on the device (:func:`._upload.build_on_device`);
@@ -74,12 +74,12 @@ def build_layout(X, memory_budget=None, **kw):
             # streamed: tiled on the GPU a chunk at a time into pinned memory
             kw["chunk_nnz"] = plan.build_chunk_nnz
             return _upload.build_from_host(X, cp, host_out=True, **kw)
+    elif planned:  # the build the plan counted
+        site = "device" if on_device or plan.csr_whole else "host_plan"
     else:
-        budget = plan.available["device"] if planned else _budget(memory_budget)
         site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
-                                  X.data.dtype.itemsize, budget, on_device=on_device)
-        if planned and site == "host":  # the plan counted the chunked GPU build
-            site = "host_plan"
+                                  X.data.dtype.itemsize, _budget(memory_budget),
+                                  on_device=on_device)
     if site == "host":
         if on_device:  # streamed from the host every epoch anyway
             X = X.get()
