@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._backends._concurrency import ramp_stages
 from ._layout import TileLayout
 from ._sparse import with_columns
 from ._state import ModelState
@@ -36,7 +37,7 @@ from ._state import ModelState
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
     "cold_sets_run_nnz", "nonzero_runs",
-    "plan_windows", "window_layout", "WindowStats", "HostRows", "run_epoch_out_of_core",
+    "plan_windows", "window_layout", "WindowStats", "ramp_workers", "HostRows", "run_epoch_out_of_core",
 ]
 
 #: the arrays of a state with one row per feature
@@ -490,9 +491,21 @@ class HostRows:
         return self.state
 
 
+def ramp_workers(ramp, grid, done):
+    """Workers of a first epoch's warm-up (``ramp`` mini-batches per worker
+    of each stage of 1, 2, 4, ... workers before ``grid``:
+    :func:`~sklearn_cuwide._backends._concurrency.ramp_stages`) at its
+    mini-batch ``done``; None past the warm-up."""
+    for P, n in ramp_stages(ramp, grid):
+        if done < n:
+            return P
+        done -= n
+    return None
+
+
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
                           batch_order, *, penalty_scale=None, workers=None, xp=np,
-                          stats=None):
+                          stats=None, ramp=0):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
@@ -501,7 +514,10 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     order) when ``params`` scales the penalties: a window layout would count
     its own mini-batches only.  ``xp``: the module of the layout's nonzeros;
     ``stats``: the fit's :class:`WindowStats` (made here if None).
-    Returns the epoch's weighted loss sum.
+    ``ramp``: the first epoch's warm-up, carried across the windows: a
+    window trains on the workers of the warm-up stage it starts in (the
+    resident epoch's stages, to within a window).  Returns the epoch's
+    weighted loss sum.
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
@@ -509,17 +525,21 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
     if stats is None:
         stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale)
-    total = 0.0
+    total, done = 0.0, 0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
                                    stats=stats)
+        mine = workers
+        if ramp and workers is not None and int(workers) > 1:
+            mine = ramp_workers(ramp, int(workers), done) or workers
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),
             backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
-            params, np.arange(win.batches.size), workers=workers,
+            params, np.arange(win.batches.size), workers=mine,
         ))
         rows.store(win.cold)
+        done += win.batches.size
     return total
 
 
@@ -604,17 +624,19 @@ class OutOfCoreModel:
         self.penalty = None
         if params.penalty_scaled:
             self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
+        backend.release_cached()  # the setup's freed blocks, before the model's
         self.rows = HostRows(host, self.plan, sets, backend)
         self._xp = xp
         self._stats = WindowStats(layout, self.plan.n_resident, self.plan.n_slots,
                                   self.penalty)
 
-    def epoch(self, y_l, sw_l, batch_weight, order, workers=None):
-        """One epoch in ``order``; its weighted loss sum."""
+    def epoch(self, y_l, sw_l, batch_weight, order, workers=None, ramp=0):
+        """One epoch in ``order`` (``ramp``: the first epoch's warm-up); its
+        weighted loss sum."""
         return run_epoch_out_of_core(
             self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
             order, penalty_scale=self.penalty, workers=workers, xp=self._xp,
-            stats=self._stats)
+            stats=self._stats, ramp=ramp)
 
     def state(self):
         """The whole state now (layout order, numpy)."""

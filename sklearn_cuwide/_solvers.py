@@ -365,7 +365,8 @@ def fit_minibatch(
         if order is None:
             order = np.arange(layout.n_batches)
         if ooc is not None:
-            lsum = ooc.epoch(y_l, sw_l, bw, order, workers=workers)
+            lsum = ooc.epoch(y_l, sw_l, bw, order, workers=workers,
+                             ramp=ramp if epoch == 0 else 0)
         else:
             lsum = backend.run_epoch(
                 dev_layout, dev_y, dev_sw, bw, dstate, params, order,

@@ -3,6 +3,8 @@ fit (resident hot rows, cold rows gathered per window) equals the resident
 fit in order, and the CPU backend's.  Marked ``gpu``: skipped without a
 CUDA GPU."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -22,6 +24,30 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU"),
 ]
+
+
+@contextlib.contextmanager
+def _pool_held():
+    """``{"peak": bytes}``: the most bytes CuPy's pool held (blocks in use
+    and cached) at any allocation inside, above what it held on entry
+    (its unused blocks given back first)."""
+    import cupy as cp
+
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    base, out, before = int(pool.total_bytes()), {"peak": 0}, cp.cuda.get_allocator()
+
+    def alloc(size):
+        mem = pool.malloc(size)
+        out["peak"] = max(out["peak"], int(pool.total_bytes()) - base)
+        return mem
+
+    cp.cuda.set_allocator(alloc)
+    try:
+        yield out
+    finally:
+        cp.cuda.set_allocator(before)
 
 
 def _wide(n=20000, d=2**18, per_row=12, seed=0):
@@ -59,10 +85,12 @@ def test_gpu_out_of_core_fit_equals_the_resident_fit(est, monkeypatch):
     assert plan.model_rows is None
     # under every whole-model placement's peak: only an out-of-core model fits
     limit = min(_peak(shape, layout) for layout in ("device", "uploaded", "streamed")) - 1
-    with config_context(device_memory_limit=int(limit)):
+    with config_context(device_memory_limit=int(limit)), _pool_held() as held:
         got = clone(est).set_params(device="cuda:0").fit(X, y)
     plan = seen[-1][1]
     assert plan.model_rows is not None and plan.model_rows < shape.n_features
+    # what the device sees taken: the pool's blocks in use and cached
+    assert held["peak"] <= limit, (held["peak"], limit)
     for k in ("coef_", "intercept_", "factors_"):
         if hasattr(ref, k):
             np.testing.assert_allclose(getattr(got, k), getattr(ref, k), rtol=1e-4,

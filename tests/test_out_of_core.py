@@ -174,6 +174,58 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
         np.testing.assert_array_equal(getattr(out, k_), a, err_msg=k_)
 
 
+def test_ramp_workers_follow_the_warm_up_stages():
+    from sklearn_cuwide._backends._concurrency import ramp_stages
+
+    stages = ramp_stages(3, 16)  # (1, 3), (2, 6), (4, 12), (8, 24)
+    want = np.concatenate([np.full(n, P) for P, n in stages])
+    got = [ooc.ramp_workers(3, 16, d) for d in range(want.size + 5)]
+    assert got[: want.size] == want.tolist() and got[want.size :] == [None] * 5
+    assert ooc.ramp_workers(0, 16, 0) is None and ooc.ramp_workers(3, 1, 0) is None
+
+
+def test_the_first_epochs_warm_up_is_carried_across_windows():
+    """Each window of a warming-up epoch trains on the workers of the
+    warm-up stage it starts in (the resident epoch's stages), the windows
+    after the warm-up on all of them, and a later epoch (no ramp) on all."""
+    X, y = _data(seed=7, n=2000)
+    L = _layout(X)
+    yl = y[L.row_order]
+    swl = np.ones(L.n_rows)
+    bw = batch_weights(L, swl)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
+                             random_state=0)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    plan = ooc.plan_residency(L, rb, 90 * rb)
+    sets = ooc.cold_sets(L, plan.n_resident)
+    rows = ooc.HostRows(state, plan, sets, _cpu)
+    seen = []
+
+    class Recording:  # the CPU backend, recording each window's workers
+        def __getattr__(self, name):
+            return getattr(_cpu, name)
+
+        def run_epoch(self, *a, workers=None, **kw):
+            seen.append((workers, a[-1].size))
+            return _cpu.run_epoch(*a, **kw)  # in order: the CPU has no workers
+
+    order = np.arange(L.n_batches)
+    windows = ooc.plan_windows(sets, order, plan.n_slots)
+    assert len(windows) > 3
+    ooc.run_epoch_out_of_core(Recording(), L, yl, swl, bw, rows, params, order,
+                              workers=8, ramp=2)
+    done, want = 0, []
+    for w in windows:
+        want.append((ooc.ramp_workers(2, 8, done) or 8, w.batches.size))
+        done += w.batches.size
+    assert seen == want and want[0][0] == 1 and want[-1][0] == 8
+    seen.clear()
+    ooc.run_epoch_out_of_core(Recording(), L, yl, swl, bw, rows, params, order, workers=8)
+    assert [w for w, _ in seen] == [8] * len(windows)
+
+
 @pytest.mark.parametrize("fm", [False, True])
 def test_prediction_with_a_few_model_rows_equals_the_full_product(fm):
     X, _ = _data(seed=4, n=300)

@@ -52,6 +52,11 @@ class Backend(Protocol):
         memory pool's unused blocks, within the pool's limit), or None for
         the CPU, whose host memory the planner checks for every backend."""
 
+    def release_cached(self):
+        """Give the current device's memory pool's unused blocks back (a
+        fit under ``device_memory_limit`` does between its phases: the
+        pool's cache counts against the limit); nothing on the CPU."""
+
     def device_scope(self, device):
         """A context manager: the scope of one fit or prediction on
         ``device`` (``"cpu"`` or ``"cuda:N"``).  The device is the calling

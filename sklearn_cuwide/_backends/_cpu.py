@@ -136,6 +136,10 @@ def synchronize():
     pass
 
 
+def release_cached():
+    pass
+
+
 def host_rows(a):
     """A model's rows held in host memory: ``a`` itself (the CPU's model
     is there already)."""

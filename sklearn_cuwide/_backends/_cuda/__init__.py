@@ -35,6 +35,7 @@ from ._runtime import (
     get_state,
     put_csr,
     put_state,
+    release_cached,
     synchronize,
     tile_shape,
     to_device,
@@ -55,5 +56,5 @@ __all__ = [
     "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
-    "host_rows", "gather_rows", "scatter_rows",
+    "host_rows", "gather_rows", "scatter_rows", "release_cached",
 ]

@@ -64,6 +64,13 @@ def release_pools(device=None):
     cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def release_cached():
+    """The current device's pool's unused blocks given back (between a
+    limited fit's phases: blocks a phase freed are still held, and the
+    next phase's sizes may not fit in them)."""
+    cp.get_default_memory_pool().free_all_blocks()
+
+
 _NO_CUB = {"depth": 0, "saved": None}
 _NO_CUB_LOCK = threading.Lock()
 
