@@ -19,8 +19,10 @@ hot/cold tile split is unchanged: the kernels run as they are.  With
 mini-batches trained in order the model equals the resident fit's: the
 same steps, on the same values, in the same order.
 
-Rule: this module plans residency and windows and moves rows, with the
-backend's array module; it never launches a kernel of its own.  Why: one
+Rule: this module plans residency and windows, and moves rows through the
+backend's ``gather_rows`` / ``scatter_rows`` (the CUDA backend's kernels
+read and write the page-locked host rows in place); it never launches a
+kernel of its own, and trains with the backend's ``run_epoch``.  Why: one
 training step for every placement keeps the out-of-core model equal to the
 resident one.
 """
