@@ -523,14 +523,17 @@ def penalty_is_scaled(alpha, beta, scale_penalty):
     return bool(scale_penalty)
 
 
-def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz):
+def fm_penalties(alpha, beta, scale_penalty, total_weight, mean_nnz, multiplier=1.0):
     """``(l2_w, l2_v, scaled)`` of an FM's step from its ``alpha``,
     ``beta`` and ``scale_penalty``, the training rows' total sample weight
     and their mean nonzeros per row (``"auto"`` resolved:
-    :data:`AUTO_ALPHA` and :data:`AUTO_BETA`)."""
+    :data:`AUTO_ALPHA` and :data:`AUTO_BETA`, times ``multiplier``: the
+    small-data choice of :mod:`sklearn_cuwide._penalty_choice`)."""
     S = max(float(total_weight), 1e-12)
-    l2_w = AUTO_ALPHA / S if alpha == "auto" else float(alpha)
-    l2_v = AUTO_BETA * max(float(mean_nnz), 1.0) / S if beta == "auto" else float(beta)
+    m = float(multiplier)
+    l2_w = m * AUTO_ALPHA / S if alpha == "auto" else float(alpha)
+    l2_v = (m * AUTO_BETA * max(float(mean_nnz), 1.0) / S if beta == "auto"
+            else float(beta))
     return l2_w, l2_v, penalty_is_scaled(alpha, beta, scale_penalty)
 
 

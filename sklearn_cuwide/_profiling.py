@@ -94,6 +94,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
     from ._base import _check_fit_data, _check_predict_data, _fit_device, commit
     from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor, _standardise
     from ._logistic import GPULogisticRegression
+    from ._penalty_choice import penalty_choice_applies
 
     t0 = time.perf_counter()
     if variant not in VARIANTS:
@@ -136,8 +137,15 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
             est.classes_, stratify = est._fit_classes(y)
             sw = est._weights(est.classes_, y, sw)
             targets = est._targets(stratify)
+        multiplier = 1.0
+        if not regressor and penalty_choice_applies(
+                estimator.alpha, estimator.beta, estimator.early_stopping, stratify,
+                len(targets), None):
+            # the penalty a fit of these epochs chooses, chosen as it does (untimed)
+            chooser = clone(estimator).set_params(max_iter=int(epochs))
+            multiplier = chooser._choose_penalty(X, targets[0], sw, stratify, backend)
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
-                                 partial=False)
+                                 partial=False, multiplier=multiplier)
         if regressor:
             commit(est, est._fitted_attrs(results, partial=False, target_scaling=scaling))
         else:

@@ -533,7 +533,10 @@ def test_time_epochs_gpu_branch_on_a_cpu_stand_in(ctr, monkeypatch):
     monkeypatch.setattr(profiling, "_gpu_entry_points", lambda: gpu)
     be = Backend()
     monkeypatch.setattr(base, "_fit_device", lambda device, X: ("cuda:0", be))
-    fm = GPUFactorizationMachine(n_factors=4, batch_size=256, tol=None, random_state=0)
+    # early_stopping=False: no small-data penalty choice (its fits would be
+    # the fake backend's calls too; time_epochs_matches_fit checks the choice)
+    fm = GPUFactorizationMachine(n_factors=4, batch_size=256, tol=None, random_state=0,
+                                 early_stopping=False)
 
     t = time_epochs(fm, X, y, epochs=2, variant="no_replicas", eval_X=Xe)
     assert [o["variant"] for o in calls["run_epoch"]] == ["no_replicas"] * 2

@@ -1,0 +1,90 @@
+"""The strength of a small binary factorization machine's "auto" penalties,
+chosen per fit on a held-out fifth of its rows.
+
+From :data:`MIN_ROWS` to
+:data:`~sklearn_cuwide._minibatch.EARLY_STOPPING_AUTO_MIN_SAMPLES` training
+rows, ``early_stopping="auto"`` holds nothing out and a fit trains
+until the training loss stops falling: how strongly the penalties must hold
+the factors is then a property of the data, not a constant (on twenty
+small sets the best of the multipliers below ranged from 1 to 30 and the
+test AUC by up to 0.05; docs/design/defaults.rst).  So a binary
+:class:`~sklearn_cuwide.GPUFactorizationMachine` whose ``alpha`` and
+``beta`` are both ``"auto"`` and whose early stopping is off by ``"auto"``
+multiplies both by the ``m`` of :data:`PENALTY_MULTIPLIERS` whose fit on
+four fifths of its training rows has the least log loss on the fifth left
+out (stratified), then fits all its rows with it.
+
+Rule: the choice is the estimator's own fits, through the function it is
+given, with nothing of the estimator in here.  Why: the multiplier must
+mean exactly what the final fit's does.
+"""
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+
+from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
+
+__all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "penalty_choice_applies",
+           "choose_penalty_multiplier"]
+
+#: the multipliers of both "auto" penalties a fit chooses among
+PENALTY_MULTIPLIERS = (1.0, 3.0, 10.0, 30.0)
+#: the share of the training rows held out to choose on
+CHOICE_FRACTION = 0.2
+#: rows of each class the choice needs (on both sides of its split)
+MIN_CLASS_ROWS = 5
+#: the fewest training rows that choose: a fifth of fewer (under 400 rows)
+#: ranks the multipliers by noise (the study's one loss of the rule beyond
+#: 0.004 was its 1,000-row set), and the four fits cost most where a fit is
+#: fast anyway
+MIN_ROWS = 2_000
+
+
+def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm):
+    """Whether a fit chooses its penalty multiplier: one binary head,
+    fresh, both penalties ``"auto"``, early stopping off by ``"auto"``,
+    from :data:`MIN_ROWS` training rows to early stopping's threshold, and
+    every class with :data:`MIN_CLASS_ROWS` rows."""
+    if not (alpha == "auto" and beta == "auto" and early_stopping == "auto"):
+        return False
+    if n_heads != 1 or warm is not None or stratify is None:
+        return False
+    labels = np.asarray(stratify, dtype=np.intp)
+    if not MIN_ROWS <= labels.shape[0] < EARLY_STOPPING_AUTO_MIN_SAMPLES:
+        return False
+    counts = np.bincount(labels)
+    counts = counts[counts > 0]
+    return counts.size == 2 and int(counts.min()) >= MIN_CLASS_ROWS
+
+
+def _log_loss(t, z, sw):
+    """The weighted mean logistic loss of decision values ``z`` for 0/1
+    targets ``t``, in float64."""
+    z = np.asarray(z, dtype=np.float64).ravel()
+    t = np.asarray(t, dtype=np.float64).ravel()
+    loss = np.logaddexp(0.0, z) - t * z
+    return float(np.sum(sw * loss) / max(float(np.sum(sw)), 1e-300))
+
+
+def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, backend):
+    """``(m, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS` whose
+    fit on four fifths of the rows has the least held-out log loss (the
+    first such), and each one's loss.
+
+    ``fit(X, target, sw, stratify, m)``: the estimator's fit of those rows
+    with multiplier ``m``, returning its state (numpy);
+    ``decision(X, state)``: its decision values of ``X`` (host).  The split
+    is stratified on ``stratify`` with ``seed``; the fits' warnings (each
+    trains to ``max_iter`` or the training-loss rule) are the final fit's
+    to give, not theirs."""
+    tr, va = _validation_split(target.shape[0], CHOICE_FRACTION, stratify, seed)
+    Xt, Xv = _take_rows(X, tr, backend), _take_rows(X, va, backend)
+    losses = []
+    for m in PENALTY_MULTIPLIERS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            state = fit(Xt, target[tr], sw[tr], stratify[tr], m)
+        losses.append(_log_loss(target[va], decision(Xv, state), sw[va]))
+    return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses

@@ -1,0 +1,106 @@
+"""The small-data choice of the factorization machine's penalty strength
+(``_penalty_choice``) against a reference made of plain fits with the
+penalties written out: the same split, the same four fits, the least
+held-out log loss, then the fit of all rows with that multiplier."""
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.utils import check_random_state
+
+from sklearn_cuwide import GPUFactorizationMachine
+from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA, _validation_split
+from sklearn_cuwide._penalty_choice import (
+    CHOICE_FRACTION,
+    PENALTY_MULTIPLIERS,
+    penalty_choice_applies,
+)
+from sklearn_cuwide.datasets import make_ctr_classification
+
+
+def _data(n=2500, seed=3):
+    X, y = make_ctr_classification(n, n_features=2**10, model="fm", random_state=seed)[:2]
+    return X, y
+
+
+def _explicit(est, X, sw, m):
+    """``est`` with its "auto" penalties times ``m`` written out for the
+    rows ``X`` of weights ``sw`` (what ``fm_penalties`` resolves them to)."""
+    S = max(float(np.sum(sw)), 1e-12)
+    mean_nnz = X.nnz / max(X.shape[0], 1)
+    return clone(est).set_params(alpha=m * AUTO_ALPHA / S,
+                                 beta=m * AUTO_BETA * max(mean_nnz, 1.0) / S,
+                                 scale_penalty=True)
+
+
+def _log_loss(y, z):
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def test_the_multiplier_is_the_least_held_out_loss_and_the_fit_uses_it():
+    X, y = _data()
+    est = GPUFactorizationMachine(n_factors=4, max_iter=8, random_state=0, device="cpu")
+    fm = clone(est).fit(X, y)
+    # the reference: the same stratified fifth, plain fits of the rest
+    seed = check_random_state(0).randint(np.iinfo(np.int32).max)
+    tr, va = _validation_split(y.shape[0], CHOICE_FRACTION, y, seed)
+    losses = []
+    for m in PENALTY_MULTIPLIERS:
+        ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X[tr], y[tr])
+        losses.append(_log_loss(y[va], ref.decision_function(X[va])))
+    want = PENALTY_MULTIPLIERS[int(np.argmin(losses))]
+    assert fm.penalty_multiplier_ == want
+    assert len(set(np.round(losses, 6))) == len(losses)  # the choice is not a tie
+    full = _explicit(est, X, np.ones(X.shape[0]), want).fit(X, y)
+    for k in ("coef_", "intercept_", "factors_"):
+        np.testing.assert_array_equal(getattr(fm, k), getattr(full, k), err_msg=k)
+
+
+def test_the_choice_can_change_the_model_it_would_have_been():
+    """On planted-FM data of a few thousand rows the fifth prefers a
+    stronger penalty than the defaults' (the study's small sets did)."""
+    X, y = _data(n=3000, seed=5)
+    fm = GPUFactorizationMachine(n_factors=4, max_iter=8, random_state=0,
+                                 device="cpu").fit(X, y)
+    assert fm.penalty_multiplier_ > 1
+
+
+@pytest.mark.parametrize("kw", [dict(alpha=1e-4), dict(beta=1e-3),
+                                dict(early_stopping=False), dict(early_stopping=True)])
+def test_no_choice_unless_every_setting_is_auto(kw):
+    X, y = _data()
+    fm = GPUFactorizationMachine(n_factors=4, max_iter=3, random_state=0, device="cpu",
+                                 **kw).fit(X, y)
+    assert fm.penalty_multiplier_ == 1.0
+
+
+def test_when_the_choice_applies():
+    y = np.r_[np.zeros(1000, int), np.ones(1000, int)]
+    args = ("auto", "auto", "auto")
+    assert penalty_choice_applies(*args, y, 1, None)
+    assert not penalty_choice_applies(*args, y, 3, None)  # one-vs-rest heads
+    assert not penalty_choice_applies(*args, y, 1, [object()])  # a continued model
+    assert not penalty_choice_applies(*args, None, 1, None)  # no classes (regression)
+    few = np.r_[np.zeros(1996, int), np.ones(4, int)]  # 4 rows of a class: too few
+    assert not penalty_choice_applies(*args, few, 1, None)
+    assert not penalty_choice_applies(*args, y[1:-1], 1, None)  # under 2,000 rows
+    big = np.r_[np.zeros(5000, int), np.ones(5000, int)]  # early stopping's size
+    assert not penalty_choice_applies(*args, big, 1, None)
+    assert not penalty_choice_applies("auto", "auto", False, y, 1, None)
+
+
+def test_multiclass_and_continued_fits_keep_their_multiplier():
+    X, y = _data()
+    y3 = y + (np.arange(y.size) % 3 == 0)  # three classes
+    fm3 = GPUFactorizationMachine(n_factors=4, max_iter=3, random_state=0,
+                                  device="cpu").fit(X, y3)
+    assert fm3.penalty_multiplier_ == 1.0
+    X, y = _data(n=3000, seed=5)
+    fm = GPUFactorizationMachine(n_factors=4, max_iter=3, random_state=0, device="cpu",
+                                 warm_start=True).fit(X, y)
+    m = fm.penalty_multiplier_
+    assert m > 1  # chosen, not the default
+    fm.fit(X, y)  # continued: no new choice
+    assert fm.penalty_multiplier_ == m
+    fm.partial_fit(X, y)
+    assert fm.penalty_multiplier_ == m
