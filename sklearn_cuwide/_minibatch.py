@@ -90,7 +90,7 @@ class HeadResult:
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
               make_params, init_state, warm=None, stratify=None, progress=None,
-              partial=False):
+              partial=False, advise_early_stopping=True):
     """Train one model per target vector on one shared training layout.
 
     A head whose last epoch's training loss ends far above the loss of a
@@ -125,6 +125,10 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         ``schedule.verbose``.
     partial : bool
         One epoch of ``partial_fit`` (no comparison with a constant model).
+    advise_early_stopping : bool
+        Whether a ``max_iter`` warning may advise early stopping (False
+        where the fit chose its penalty on held-out rows: early stopping
+        would turn that choice off).
 
     Returns
     -------
@@ -202,8 +206,9 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
-                       early_stopping_advice=va is None and _early_stopping_possible(
-                           X.shape[0], schedule.holdout_fraction, stratify))
+                       early_stopping_advice=advise_early_stopping and va is None
+                       and _early_stopping_possible(X.shape[0], schedule.holdout_fraction,
+                                                    stratify))
     return results
 
 

@@ -19,6 +19,7 @@ given, with nothing of the estimator in here.  Why: the multiplier must
 mean exactly what the final fit's does.
 """
 
+import time
 import warnings
 
 import numpy as np
@@ -68,10 +69,12 @@ def _log_loss(t, z, sw):
     return float(np.sum(sw * loss) / max(float(np.sum(sw)), 1e-300))
 
 
-def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, backend):
+def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, backend,
+                              progress=None):
     """``(m, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS` whose
     fit on four fifths of the rows has the least held-out log loss (the
-    first such), and each one's loss.
+    first such), and each one's loss.  ``progress``: the fit's log, which
+    gets one line per multiplier (its loss and its fit's time).
 
     ``fit(X, target, sw, stratify, m)``: the estimator's fit of those rows
     with multiplier ``m``, returning its state (numpy);
@@ -83,8 +86,12 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
     Xt, Xv = _take_rows(X, tr, backend), _take_rows(X, va, backend)
     losses = []
     for m in PENALTY_MULTIPLIERS:
+        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             state = fit(Xt, target[tr], sw[tr], stratify[tr], m)
         losses.append(_log_loss(target[va], decision(Xv, state), sw[va]))
+        if progress is not None:
+            progress.note(f"Penalty multiplier {m:g}: held-out log loss {losses[-1]:.6f} "
+                          f"(fit of {tr.size:,} rows in {time.perf_counter() - t0:.3f} s)")
     return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses

@@ -104,3 +104,25 @@ def test_multiclass_and_continued_fits_keep_their_multiplier():
     assert fm.penalty_multiplier_ == m
     fm.partial_fit(X, y)
     assert fm.penalty_multiplier_ == m
+
+
+def test_the_log_shows_each_multiplier_and_the_warning_does_not_advise_early_stopping(
+        capsys):
+    """verbose: one line per multiplier (its held-out loss and fit time),
+    then the choice as a stage; a max_iter warning does not advise
+    early_stopping=True, which would turn the choice off."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = _data()
+    with pytest.warns(ConvergenceWarning) as seen:
+        fm = GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
+                                     verbose=1).fit(X, y)
+    out = capsys.readouterr().out
+    lines = [s for s in out.splitlines() if s.startswith("Penalty multiplier ")]
+    assert [s.split()[2].rstrip(":") for s in lines] == [f"{m:g}" for m in PENALTY_MULTIPLIERS]
+    assert all("held-out log loss" in s and "rows in" in s for s in lines)
+    assert f"Stage: penalty choice (multiplier {fm.penalty_multiplier_:g})" in out
+    assert not any("early_stopping=True" in str(w.message) for w in seen)
+    with pytest.warns(ConvergenceWarning, match="early_stopping=True"):  # not chosen
+        GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
+                                alpha=1e-4).fit(X, y)
