@@ -1,6 +1,7 @@
 """Factorization machines (order 2): GPUFactorizationMachine (logistic loss)
 and GPUFactorizationMachineRegressor (squared loss)."""
 
+from dataclasses import replace
 from numbers import Integral, Real
 
 import numpy as np
@@ -9,6 +10,7 @@ from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from ._backends import _cpu
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
     _check_fit_data,
@@ -227,11 +229,12 @@ class _BaseFM(_CuWideEstimator):
             )
 
     def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, partial,
-                   progress=None, multiplier=1.0, chosen=None):
+                   progress=None, multiplier=1.0, chosen=None, random_state=None):
         """Train one FM per target vector on a shared layout (a list of
         :class:`~sklearn_cuwide._minibatch.HeadResult`); ``multiplier``
         scales both "auto" penalties (:mod:`sklearn_cuwide._penalty_choice`;
-        ``chosen``: the multiplier when this fit chose it)."""
+        ``chosen``: the multiplier when this fit chose it); ``random_state``:
+        instead of the estimator's (the choice's fits)."""
         n_rows, n_features = X.shape
 
         def make_params(X, sw_train, rows):
@@ -264,8 +267,11 @@ class _BaseFM(_CuWideEstimator):
                 state.b[:] = self._intercept_init(t, sw_train)
             return state
 
+        schedule = _schedule(self, partial=partial)
+        if random_state is not None:
+            schedule = replace(schedule, random_state=random_state)
         return fit_heads(
-            X, targets, sw, backend=backend, schedule=_schedule(self, partial=partial),
+            X, targets, sw, backend=backend, schedule=schedule,
             n_outputs=1, n_factors=self.n_factors, make_params=make_params,
             init_state=init_state, warm=warm, stratify=stratify, progress=progress,
             partial=partial, advise_early_stopping=chosen is None,
@@ -445,20 +451,31 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
         """The multiplier of both "auto" penalties for a small binary fit
         (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
-        with this estimator's fits, quiet)."""
+        with this estimator's fits, quiet).  The four fits share one seed
+        (``random_state`` itself when it is an int), so that they differ by
+        their penalty alone; the held-out rows are scored on the host (a few
+        thousand rows, whatever the model's width or the device's limit)."""
+        rs = self.random_state
+        if isinstance(rs, Integral):
+            split_seed = check_random_state(rs).randint(np.iinfo(np.int32).max)
+            fit_seed = rs
+        else:
+            gen = check_random_state(rs)
+            split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max,
+                                                                size=2))
+
         def fit(Xs, t, s, strat, m):
             res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
-                                  partial=False, progress=FitProgress(0), multiplier=m)
+                                  partial=False, progress=FitProgress(0), multiplier=m,
+                                  random_state=fit_seed)
             return res[0].state
 
         def decision(Xs, st):
-            z = backend.decision_function(backend.put_csr(Xs), st.w, st.b, st.V,
-                                          fit_linear=self.fit_linear)
-            return backend.to_host(z)
+            Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
+            return _cpu.decision_function(Xs, st.w, st.b, st.V, fit_linear=self.fit_linear)
 
-        seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
-                                         sw, y_idx, seed, backend, progress)
+                                         sw, y_idx, split_seed, backend, progress)
         return m
 
     @_fit_context(prefer_skip_nested_validation=True)

@@ -423,9 +423,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         train["the training layout"] = lay
     rows = d if s.model_rows is None else min(int(s.model_rows), d)
     dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
-    if rows < d and s.penalty_scaled:
-        # out of core, the whole layout's penalty factors are computed
-        # before the model's rows take the device (then kept on the host)
+    if rows < d and s.penalty_scaled and layout == "device":
+        # out of core, the whole layout's penalty factors are computed where
+        # its nonzeros are, before the model's rows take the device (then
+        # kept on the host)
         phases["out-of-core setup"] = {
             **train, "the penalty factors' computation": 28 * d,
             "targets, sample weights and batch order": 8 * n + 8 * n_batches}

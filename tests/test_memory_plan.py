@@ -238,15 +238,20 @@ def test_a_device_layout_of_host_input_counts_its_csr_when_uploaded_whole():
 
 def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
     """Scaled penalties out of core: the whole layout's factors (their
-    O(n_features) temporaries) are a setup phase of their own, and the
-    training phase counts a window's factors, O(model rows)."""
+    O(n_features) temporaries, on the device when the layout is there) are
+    a setup phase of their own, and the training phase counts a window's
+    factors, O(model rows)."""
     s = _shape(n_features=2**24, penalty_scaled=True)
     rows = 2**20
-    dev = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
+    dev = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "device")["device"]
     setup, train = dev["out-of-core setup"], dev["training"]
     assert setup["the penalty factors' computation"] == 28 * s.n_features
     assert "the model state" not in setup
     assert train["per-feature step factors"] == (4 + 4 + 12) * rows
+    # a layout on the host computes them there: nothing on the device
+    host = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
+    assert "out-of-core setup" not in host
+    assert host["training"]["per-feature step factors"] == (4 + 4 + 12) * rows
     resident = _memory.fit_needs(s, "cuda", "streamed")["device"]
     assert "out-of-core setup" not in resident
     assert resident["training"]["per-feature step factors"] == (

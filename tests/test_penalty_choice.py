@@ -126,3 +126,28 @@ def test_the_log_shows_each_multiplier_and_the_warning_does_not_advise_early_sto
     with pytest.warns(ConvergenceWarning, match="early_stopping=True"):  # not chosen
         GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
                                 alpha=1e-4).fit(X, y)
+
+
+def test_the_four_fits_share_one_seed_whatever_random_state_is(monkeypatch):
+    """With random_state None or a RandomState instance the four fits of
+    the choice still draw the same layout, epochs and initial factors (they
+    differ by their penalty alone); an int is used as it is."""
+    from sklearn_cuwide import _fm
+
+    seen = []
+    orig = _fm.fit_heads
+
+    def spy(*a, schedule, **kw):
+        seen.append(schedule.random_state)
+        return orig(*a, schedule=schedule, **kw)
+
+    monkeypatch.setattr(_fm, "fit_heads", spy)
+    X, y = _data()
+    for rs in (None, np.random.RandomState(7), 11):
+        seen.clear()
+        fm = GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=rs,
+                                     device="cpu", tol=None).fit(X, y)
+        choice = seen[: len(PENALTY_MULTIPLIERS)]
+        assert len(seen) == len(PENALTY_MULTIPLIERS) + 1 and len(set(choice)) == 1
+        assert choice[0] is not None and (choice[0] == 11) == (rs == 11)
+        assert fm.penalty_multiplier_ in PENALTY_MULTIPLIERS
