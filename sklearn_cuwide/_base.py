@@ -259,6 +259,7 @@ def _plan_fit(est, X, y, backend, reset):
             est.validation_fraction
             if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),
         fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
+        concurrent=getattr(est, "concurrency", 1) != 1,
     )
     plan = _memory.plan_fit(shape, backend.name, *_available(backend))
     plan.check()

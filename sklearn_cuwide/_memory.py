@@ -263,6 +263,9 @@ class FitShape:
     fit_intercept: bool = True
     on_device: bool = False
     model_rows: object = None
+    #: mini-batches trained concurrently (``concurrency`` other than 1): the
+    #: step scales' per-feature frequencies are computed on the device
+    concurrent: bool = True
 
     @property
     def adagrad(self):
@@ -444,12 +447,14 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
             COMPUTE_ITEMSIZE * max(s.n_outputs, s.n_factors))
     # the penalty factors (with their computation's int64 and float64
     # temporaries; out of core a window's, computed on the host), their copy
-    # beside Adagrad's sums, and the step scales of concurrent workers
-    # (frequencies, scales and a temporary)
+    # beside Adagrad's sums, and the step scales of concurrent workers: the
+    # counts and the feature order uploaded, the counts gathered, two
+    # float64 temporaries of the frequencies, then the float32 frequencies
+    # and scales kept (out of core, again for every window)
     penalty = 0
     if s.penalty_scaled:
         penalty = (28 * d if rows == d else 4 * rows) + (4 * rows if s.adagrad else 0)
-    train["per-feature step factors"] = penalty + 12 * rows
+    train["per-feature step factors"] = penalty + (40 if s.concurrent else 12) * rows
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
     phases["training"] = train
     return phases

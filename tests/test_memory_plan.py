@@ -247,15 +247,20 @@ def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
     setup, train = dev["out-of-core setup"], dev["training"]
     assert setup["the penalty factors' computation"] == 28 * s.n_features
     assert "the model state" not in setup
-    assert train["per-feature step factors"] == (4 + 4 + 12) * rows
+    # a window's penalty factors and their packed copy, and the concurrent
+    # workers' frequencies and scales (in order: none computed; 12 kept)
+    assert train["per-feature step factors"] == (4 + 4 + 40) * rows
+    one = _memory.fit_needs(replace(s, model_rows=rows, concurrent=False), "cuda",
+                            "device")["device"]
+    assert one["training"]["per-feature step factors"] == (4 + 4 + 12) * rows
     # a layout on the host computes them there: nothing on the device
     host = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
     assert "out-of-core setup" not in host
-    assert host["training"]["per-feature step factors"] == (4 + 4 + 12) * rows
+    assert host["training"]["per-feature step factors"] == (4 + 4 + 40) * rows
     resident = _memory.fit_needs(s, "cuda", "streamed")["device"]
     assert "out-of-core setup" not in resident
     assert resident["training"]["per-feature step factors"] == (
-        32 * s.n_features + 12 * s.n_features)
+        32 * s.n_features + 40 * s.n_features)
 
 
 def _peak_device(shape, layout):
