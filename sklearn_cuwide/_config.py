@@ -98,9 +98,13 @@ def set_config(device_memory_limit=_UNCHANGED):
         device's total memory; ``None`` 80% of the device's free memory at
         the time of the call. Either way no more than the device has free is
         planned. A fit whose training layout does not fit streams it from
-        the host every epoch; a fit or prediction that cannot fit at all
-        raises :class:`sklearn_cuwide.InsufficientMemoryError` before it
-        allocates anything. Not given: unchanged.
+        the host every epoch; a fit whose model does not fit keeps its
+        rarest features' rows in host memory (out of core); a fit or
+        prediction that cannot fit at all raises
+        :class:`sklearn_cuwide.InsufficientMemoryError` before it allocates
+        anything. A fit or prediction on the CPU (``device="cpu"``, or no
+        GPU) ignores it: the host's available memory is what it plans
+        against. Not given: unchanged.
 
     See Also
     --------
