@@ -92,7 +92,7 @@ def train_instantiation(model, n_outputs, n_factors, solver, loss, cluster=1, va
     return kernel_name(name, *args)
 
 
-def launch_plan(chunk_batches, grid, ramp):
+def launch_plan(chunk_batches, grid, ramp, ramp_done=0):
     """The launches of one epoch: ``[(chunk, n_batches, workers), ...]`` in
     order.
 
@@ -100,10 +100,21 @@ def launch_plan(chunk_batches, grid, ramp):
     the layout, in the order the chunks are visited (one entry for a
     resident layout); ``grid``: the epoch's workers; ``ramp``: the first
     epoch's warm-up (:func:`~sklearn_cuwide._backends._concurrency.ramp_stages`),
-    whose stages are consumed by the first launches, across chunks.  A
-    launch runs ``min(workers, n_batches)`` workers.
+    whose stages are consumed by the first launches, across chunks;
+    ``ramp_done``: its mini-batches trained already (this epoch is a part of
+    one, as an out-of-core window is).  A launch runs ``min(workers,
+    n_batches)`` workers.
     """
     stages = _concurrency.ramp_stages(ramp, grid)
+    done = int(ramp_done)
+    while stages and done:  # the warm-up's part before this one
+        P, cnt = stages[0]
+        if done >= cnt:
+            stages.pop(0)
+            done -= cnt
+        else:
+            stages[0] = (P, cnt - done)
+            done = 0
     plan = []
     for c, n in enumerate(chunk_batches):
         n = int(n)
@@ -123,7 +134,7 @@ def launch_plan(chunk_batches, grid, ramp):
 
 def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_batches, grid,
                          ramp, slots, cluster_sizes, cluster=None, variant=None,
-                         and_later=False):
+                         and_later=False, ramp_done=0):
     """The training kernels one epoch launches, by thread blocks per worker:
     ``{cluster: name_expression}``.
 
@@ -132,10 +143,11 @@ def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_bat
     :func:`~sklearn_cuwide._backends._concurrency.cluster_for` them on a
     device that runs ``slots`` blocks at once, with ``cluster_sizes``).
     ``and_later``: with them, those of the same epoch without the warm-up
-    (the epochs after a first one that warms up).
+    (the epochs after a first one that warms up); ``ramp_done``: as
+    :func:`launch_plan` takes it.
     """
     out = {}
-    plan = launch_plan(chunk_batches, grid, ramp)
+    plan = launch_plan(chunk_batches, grid, ramp, ramp_done)
     if and_later and ramp:
         plan += launch_plan(chunk_batches, grid, 0)
     for _, n, P in plan:

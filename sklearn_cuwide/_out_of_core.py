@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._backends._concurrency import ramp_stages
 from ._layout import TileLayout
 from ._sparse import with_columns
 from ._state import ModelState
@@ -39,7 +38,7 @@ from ._state import ModelState
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
     "cold_sets_run_nnz", "nonzero_runs",
-    "plan_windows", "window_layout", "WindowStats", "ramp_workers", "HostRows", "run_epoch_out_of_core",
+    "plan_windows", "window_layout", "WindowStats", "HostRows", "run_epoch_out_of_core",
 ]
 
 #: the arrays of a state with one row per feature
@@ -493,18 +492,6 @@ class HostRows:
         return self.state
 
 
-def ramp_workers(ramp, grid, done):
-    """Workers of a first epoch's warm-up (``ramp`` mini-batches per worker
-    of each stage of 1, 2, 4, ... workers before ``grid``:
-    :func:`~sklearn_cuwide._backends._concurrency.ramp_stages`) at its
-    mini-batch ``done``; None past the warm-up."""
-    for P, n in ramp_stages(ramp, grid):
-        if done < n:
-            return P
-        done -= n
-    return None
-
-
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
                           batch_order, *, penalty_scale=None, workers=None, xp=np,
                           stats=None, ramp=0):
@@ -516,10 +503,10 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     order) when ``params`` scales the penalties: a window layout would count
     its own mini-batches only.  ``xp``: the module of the layout's nonzeros;
     ``stats``: the fit's :class:`WindowStats` (made here if None).
-    ``ramp``: the first epoch's warm-up, carried across the windows: a
-    window trains on the workers of the warm-up stage it starts in (the
-    resident epoch's stages, to within a window).  Returns the epoch's
-    weighted loss sum.
+    ``ramp``: the first epoch's warm-up, carried across the windows (each
+    window's ``run_epoch`` goes on from the warm-up's mini-batches the
+    windows before it trained: the resident epoch's stages).  Returns the
+    epoch's weighted loss sum.
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
@@ -531,14 +518,12 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
                                    stats=stats)
-        mine = workers
-        if ramp and workers is not None and int(workers) > 1:
-            mine = ramp_workers(ramp, int(workers), done) or workers
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),
             backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
-            params, np.arange(win.batches.size), workers=mine,
+            params, np.arange(win.batches.size), workers=workers, ramp=ramp,
+            ramp_done=done,
         ))
         rows.store(win.cold)
         done += win.batches.size

@@ -109,6 +109,24 @@ def test_launch_plan(chunks, grid, ramp):
     assert [c for c, _, _ in plan] == sorted(c for c, _, _ in plan)
 
 
+@pytest.mark.parametrize("windows, grid, ramp", [
+    ([100, 7, 300, 5000], 264, 8), ([1, 1, 1, 40], 16, 4), ([5000], 264, 8),
+    ([3, 4000], 8, 0), ([2040, 1, 2000], 264, 8),
+])
+def test_launch_plan_of_windows_goes_on_with_the_warm_up(windows, grid, ramp):
+    """An epoch trained window by window (out of core), each window's plan
+    told the warm-up's mini-batches the windows before it trained: each
+    mini-batch gets the workers it gets in the whole epoch's plan."""
+    def per_batch(plan):
+        return [P for _, n, P in plan for _ in range(n)]
+
+    got, done = [], 0
+    for n in windows:
+        got += per_batch(_kernels.launch_plan([n], grid, ramp, ramp_done=done))
+        done += n
+    assert got == per_batch(_kernels.launch_plan([sum(windows)], grid, ramp))
+
+
 def test_launch_plan_warms_up_in_doubling_stages():
     plan = _kernels.launch_plan([10000], 264, 8)
     assert [(n, P) for _, n, P in plan] == [

@@ -174,20 +174,10 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
         np.testing.assert_array_equal(getattr(out, k_), a, err_msg=k_)
 
 
-def test_ramp_workers_follow_the_warm_up_stages():
-    from sklearn_cuwide._backends._concurrency import ramp_stages
-
-    stages = ramp_stages(3, 16)  # (1, 3), (2, 6), (4, 12), (8, 24)
-    want = np.concatenate([np.full(n, P) for P, n in stages])
-    got = [ooc.ramp_workers(3, 16, d) for d in range(want.size + 5)]
-    assert got[: want.size] == want.tolist() and got[want.size :] == [None] * 5
-    assert ooc.ramp_workers(0, 16, 0) is None and ooc.ramp_workers(3, 1, 0) is None
-
-
 def test_the_first_epochs_warm_up_is_carried_across_windows():
-    """Each window of a warming-up epoch trains on the workers of the
-    warm-up stage it starts in (the resident epoch's stages), the windows
-    after the warm-up on all of them, and a later epoch (no ramp) on all."""
+    """Each window of a warming-up epoch goes on with the warm-up where the
+    windows before it left it (``ramp_done``: their mini-batches), on the
+    epoch's workers; a later epoch (no ramp) has no warm-up."""
     X, y = _data(seed=7, n=2000)
     L = _layout(X)
     yl = y[L.row_order]
@@ -207,8 +197,8 @@ def test_the_first_epochs_warm_up_is_carried_across_windows():
         def __getattr__(self, name):
             return getattr(_cpu, name)
 
-        def run_epoch(self, *a, workers=None, **kw):
-            seen.append((workers, a[-1].size))
+        def run_epoch(self, *a, workers=None, ramp=0, ramp_done=0, **kw):
+            seen.append((workers, ramp, ramp_done, a[-1].size))
             return _cpu.run_epoch(*a, **kw)  # in order: the CPU has no workers
 
     order = np.arange(L.n_batches)
@@ -218,12 +208,12 @@ def test_the_first_epochs_warm_up_is_carried_across_windows():
                               workers=8, ramp=2)
     done, want = 0, []
     for w in windows:
-        want.append((ooc.ramp_workers(2, 8, done) or 8, w.batches.size))
+        want.append((8, 2, done, w.batches.size))
         done += w.batches.size
-    assert seen == want and want[0][0] == 1 and want[-1][0] == 8
+    assert seen == want
     seen.clear()
     ooc.run_epoch_out_of_core(Recording(), L, yl, swl, bw, rows, params, order, workers=8)
-    assert [w for w, _ in seen] == [8] * len(windows)
+    assert [(w, r) for w, r, _, _ in seen] == [(8, 0)] * len(windows)
 
 
 @pytest.mark.parametrize("fm", [False, True])

@@ -94,10 +94,12 @@ class Backend(Protocol):
         """A backend model state as numpy."""
 
     def run_epoch(self, layout, y, sw, batch_weight, state, params, batch_order, *,
-                  workers=None, ramp=0) -> float:
+                  workers=None, ramp=0, ramp_done=0) -> float:
         """One pass over the mini-batches in ``batch_order``; returns the sum
         of ``sample_weight * loss``.  ``workers=1`` trains strictly in order;
-        ``ramp`` warms the concurrency up (the first epoch of a fresh fit)."""
+        ``ramp`` warms the concurrency up (the first epoch of a fresh fit),
+        ``ramp_done`` of its mini-batches trained already (an out-of-core
+        window, a part of an epoch)."""
 
     # -- models wider than the device (:mod:`sklearn_cuwide._out_of_core`) --
     def host_rows(self, a):

@@ -272,11 +272,12 @@ def _cast(g, dt):
 
 
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *,
-              workers=None, ramp=0):
+              workers=None, ramp=0, ramp_done=0):
     """One pass over the mini-batches in ``batch_order``, strictly in order.
 
     ``workers`` must be None or 1 (the CPU has no concurrent workers);
-    ``ramp``, a warm-up of the concurrency, has nothing to warm up here.
+    ``ramp`` and ``ramp_done``, a warm-up of the concurrency, have nothing
+    to warm up here.
     Returns the sum over samples of ``sample_weight * loss`` (each computed
     with the weights before its own block's update).
     """

@@ -102,7 +102,7 @@ def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
 
 
 def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cluster=None,
-                  variant=None):
+                  variant=None, ramp_done=0):
     """``{cluster: kernel}`` of every launch of an epoch, and of the epochs
     after a first one that warms up (see
     :func:`sklearn_cuwide._kernels.epoch_instantiations`), the ones not yet
@@ -110,11 +110,13 @@ def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cl
     names = _kernels.epoch_instantiations(
         params.model, n_outputs, n_factors, params.solver, params.loss,
         chunk_batches=chunk_batches, grid=grid, ramp=ramp, slots=full_grid(),
-        cluster_sizes=cluster_sizes(), cluster=cluster, variant=variant, and_later=True)
+        cluster_sizes=cluster_sizes(), cluster=cluster, variant=variant, and_later=True,
+        ramp_done=ramp_done)
     return dict(zip(names, _kernels.get_kernels(SOURCE, list(names.values()))))
 
 
-def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0):
+def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0,
+              ramp_done=0):
     """One pass over the mini-batches with the flow-based kernel.
 
     Parameters
@@ -144,6 +146,9 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, worker
         each stage taking ``ramp`` mini-batches per worker (the first steps
         move the model most, so they are taken from the freshest weights);
         0: none.
+    ramp_done : int
+        Mini-batches of that warm-up trained already: this call is a part
+        of an epoch (an out-of-core window), which goes on from there.
 
     Returns
     -------
@@ -151,11 +156,11 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, worker
         The sum of ``sample_weight * loss`` over the epoch (one sync).
     """
     return _epoch(layout, y, sw, batch_weight, state, params, batch_order,
-                  workers=workers, ramp=ramp)
+                  workers=workers, ramp=ramp, ramp_done=ramp_done)
 
 
 def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0,
-           cluster=None, staleness="auto", variant=None):
+           cluster=None, staleness="auto", variant=None, ramp_done=0):
     """The launcher behind :func:`run_epoch` and :mod:`._ablation`'s entry
     points: ``cluster`` forces the thread blocks per worker (1, 2, 4 or 8;
     None: :func:`cluster_for` the workers), ``staleness`` the step policy
@@ -245,9 +250,9 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
         parts = [batch_order[ch == c] for c in order_chunks]
     # the launches (the warm-up stages first) and every kernel they run,
     # compiled together before the first
-    plan = _kernels.launch_plan([p.size for p in parts], grid, ramp)
+    plan = _kernels.launch_plan([p.size for p in parts], grid, ramp, ramp_done)
     kernels = epoch_kernels(params, D, k, [p.size for p in parts], grid, ramp,
-                            cluster=cluster, variant=variant)
+                            cluster=cluster, variant=variant, ramp_done=ramp_done)
 
     def kernel_of(cl):
         # the plan names every launch's kernel; one it did not is built here
