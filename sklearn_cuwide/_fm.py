@@ -448,6 +448,22 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
 
+    def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
+                            progress=None):
+        """``(multiplier, chosen)`` of both "auto" penalties for a fit: a
+        continued model's own; a fresh one's chosen on held-out rows where
+        :func:`~sklearn_cuwide._penalty_choice.penalty_choice_applies` (then
+        ``chosen`` is it, else None; a stage of ``progress``); else 1."""
+        if warm:
+            return getattr(self, "penalty_multiplier_", 1.0), None
+        if partial or not penalty_choice_applies(self.alpha, self.beta, self.early_stopping,
+                                                 y_idx, len(targets), None):
+            return 1.0, None
+        m = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress)
+        if progress is not None:
+            progress.stage(f"penalty choice (multiplier {m:g})")
+        return m, m
+
     def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
         """The multiplier of both "auto" penalties for a small binary fit
         (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
@@ -514,14 +530,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             ):
                 warm = self._warm_states(X.shape[1], n_heads)
             targets = self._targets(y_idx, classes)
-            # a continued model keeps its multiplier; a small fresh one chooses
-            multiplier = getattr(self, "penalty_multiplier_", 1.0) if warm else 1.0
-            chosen = None
-            if penalty_choice_applies(self.alpha, self.beta, self.early_stopping, y_idx,
-                                      n_heads, warm):
-                multiplier = chosen = self._choose_penalty(X, targets[0], sw, y_idx,
-                                                           backend, progress)
-                progress.stage(f"penalty choice (multiplier {multiplier:g})")
+            multiplier, chosen = self._penalty_multiplier(X, targets, sw, y_idx, warm,
+                                                          backend, progress=progress)
             results = self._fit_heads(
                 X, targets, sw, backend, warm, stratify=y_idx,
                 partial=False, progress=progress, multiplier=multiplier, chosen=chosen,
@@ -571,9 +581,11 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             progress.stage("input checks")
             n_heads = 1 if classes.size == 2 else classes.size
             warm = self._warm_states(X.shape[1], n_heads)
-            multiplier = getattr(self, "penalty_multiplier_", 1.0) if warm else 1.0
+            targets = self._targets(y_idx, classes)
+            multiplier, _ = self._penalty_multiplier(X, targets, sw, y_idx, warm, backend,
+                                                     partial=True)
             results = self._fit_heads(
-                X, self._targets(y_idx, classes), sw, backend, warm, stratify=y_idx,
+                X, targets, sw, backend, warm, stratify=y_idx,
                 partial=True, progress=progress, multiplier=multiplier,
             )
             commit(self, {"device_": device_, "penalty_multiplier_": float(multiplier),

@@ -457,27 +457,29 @@ class HostRows:
             self._ids = (cold, self.backend.to_device(np.asarray(cold, dtype=np.int64)))
         return self._ids[1]
 
+    def _slots(self, cold):
+        """``cold`` on the backend, and ``(host rows, device slots)`` of each
+        row array: the first ``cold.size`` slots."""
+        r, n = self.plan.n_resident, cold.size
+        pairs = [(getattr(self.state, k), getattr(self.device, k)[r : r + n])
+                 for k in ROW_ARRAYS if getattr(self.state, k) is not None]
+        return self._device_ids(cold), pairs
+
     def load(self, cold):
         """The rows of features ``cold`` (sorted, distinct, cold) into the
         first ``cold.size`` slots."""
-        r, n = self.plan.n_resident, cold.size
-        if n:
-            ids = self._device_ids(cold)
-            for k in ROW_ARRAYS:
-                a = getattr(self.state, k)
-                if a is not None:
-                    self.backend.gather_rows(a, ids, getattr(self.device, k)[r : r + n])
+        if cold.size:
+            ids, pairs = self._slots(cold)
+            for host, slots in pairs:
+                self.backend.gather_rows(host, ids, slots)
 
     def store(self, cold):
         """The slots back into the host rows of features ``cold`` (those of
         the last :meth:`load`)."""
-        r, n = self.plan.n_resident, cold.size
-        if n:
-            ids = self._device_ids(cold)
-            for k in ROW_ARRAYS:
-                a = getattr(self.state, k)
-                if a is not None:
-                    self.backend.scatter_rows(getattr(self.device, k)[r : r + n], ids, a)
+        if cold.size:
+            ids, pairs = self._slots(cold)
+            for host, slots in pairs:
+                self.backend.scatter_rows(slots, ids, host)
 
     def result(self):
         """The full state (layout order, numpy), the resident rows and the

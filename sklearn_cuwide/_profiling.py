@@ -94,7 +94,6 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
     from ._base import _check_fit_data, _check_predict_data, _fit_device, commit
     from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor, _standardise
     from ._logistic import GPULogisticRegression
-    from ._penalty_choice import penalty_choice_applies
 
     t0 = time.perf_counter()
     if variant not in VARIANTS:
@@ -138,14 +137,13 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
             sw = est._weights(est.classes_, y, sw)
             targets = est._targets(stratify)
         multiplier = 1.0
-        if not regressor and penalty_choice_applies(
-                estimator.alpha, estimator.beta, estimator.early_stopping, stratify,
-                len(targets), None):
+        if not regressor:
             # the penalty a fit of these epochs chooses, chosen as it does; its
             # four fits are left out of the setup's time
             c0 = time.perf_counter()
             chooser = clone(estimator).set_params(max_iter=int(epochs))
-            multiplier = chooser._choose_penalty(X, targets[0], sw, stratify, backend)
+            multiplier, _ = chooser._penalty_multiplier(X, targets, sw, stratify, None,
+                                                        backend)
             probe._t0 += time.perf_counter() - c0
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
                                  partial=False, multiplier=multiplier)

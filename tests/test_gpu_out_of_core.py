@@ -28,26 +28,16 @@ pytestmark = [
 
 @contextlib.contextmanager
 def _pool_held():
-    """``{"peak": bytes}``: the most bytes CuPy's pool held (blocks in use
-    and cached) at any allocation inside, above what it held on entry
-    (its unused blocks given back first)."""
+    """The benchmark's :func:`~benchmarks.out_of_core.pool_peaks` (``"held"``:
+    the most bytes CuPy's pool held, blocks in use and cached, above what
+    it held on entry), its unused blocks given back first."""
     import cupy as cp
 
-    pool = cp.get_default_memory_pool()
-    cp.cuda.Device().synchronize()
-    pool.free_all_blocks()
-    base, out, before = int(pool.total_bytes()), {"peak": 0}, cp.cuda.get_allocator()
+    from benchmarks.out_of_core import _pool_reset, pool_peaks
 
-    def alloc(size):
-        mem = pool.malloc(size)
-        out["peak"] = max(out["peak"], int(pool.total_bytes()) - base)
-        return mem
-
-    cp.cuda.set_allocator(alloc)
-    try:
-        yield out
-    finally:
-        cp.cuda.set_allocator(before)
+    _pool_reset(cp)
+    with pool_peaks(cp) as peaks:
+        yield peaks
 
 
 def _wide(n=20000, d=2**18, per_row=12, seed=0):
@@ -90,7 +80,7 @@ def test_gpu_out_of_core_fit_equals_the_resident_fit(est, monkeypatch):
     plan = seen[-1][1]
     assert plan.model_rows is not None and plan.model_rows < shape.n_features
     # what the device sees taken: the pool's blocks in use and cached
-    assert held["peak"] <= limit, (held["peak"], limit)
+    assert held["held"] <= limit, (held["held"], limit)
     for k in ("coef_", "intercept_", "factors_"):
         if hasattr(ref, k):
             np.testing.assert_allclose(getattr(got, k), getattr(ref, k), rtol=1e-4,
@@ -121,7 +111,7 @@ def test_gpu_out_of_core_fit_at_the_default_concurrency_keeps_the_resident_auc(
     with config_context(device_memory_limit=int(limit)), _pool_held() as held:
         got = clone(est).fit(X, y)
     assert seen[-1][1].model_rows is not None
-    assert held["peak"] <= limit, (held["peak"], limit)
+    assert held["held"] <= limit, (held["held"], limit)
     a_ref = roc_auc_score(yt, ref.decision_function(Xt))
     a_got = roc_auc_score(yt, got.decision_function(Xt))
     assert a_got > a_ref - 0.002, (a_got, a_ref)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..._kernels import get_kernel
 from ..._out_of_core import PIECE_ROWS
-from ._upload import is_pinned, pinned_empty
+from ._upload import _pinned_or_pageable, is_pinned
 
 __all__ = ["host_rows", "gather_rows", "scatter_rows"]
 
@@ -23,10 +23,10 @@ def host_rows(a):
     the system refuses to lock that much (its rows then move through
     ordinary copies, :data:`PIECE_ROWS` at a time)."""
     a = np.ascontiguousarray(a)
-    try:
-        out = pinned_empty(cp, a.size, a.dtype, pooled=False)[: a.size].reshape(a.shape)
-    except (MemoryError, cp.cuda.runtime.CUDARuntimeError):
+    out = _pinned_or_pageable(cp, a.size, a.dtype)
+    if not is_pinned(cp, out):  # refused: no copy of it in ordinary memory
         return a
+    out = out.reshape(a.shape)
     np.copyto(out, a)
     return out
 
