@@ -128,7 +128,10 @@ def distribute(client, X, y, sample_weight, *, device, y_numeric):
     Returns ``(shards, workers, n_features)``: the partitions' futures and
     their workers, in rank order.
     """
-    all_workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    # asked of the scheduler itself: scheduler_info() returns the client's
+    # cached identity, which its periodic refresh (without the workers) can
+    # replace between the fetch and the return
+    all_workers = sorted(client.nthreads())
     if not all_workers:
         raise ValueError("The Dask cluster has no workers.")
     if _is_dask_array(X):
