@@ -98,6 +98,10 @@ class TileLayout:
         of the layout this one is a window of (an out-of-core fit's window
         holds some mini-batches only, so it cannot count them itself); None
         for a whole layout, whose factors are computed from it.
+    count_rows : int or None
+        The rows ``feature_counts`` were counted over when not ``n_rows``:
+        an out-of-core fit's window carries its whole layout's counts (None:
+        ``n_rows``).
     """
 
     n_rows: int
@@ -116,6 +120,7 @@ class TileLayout:
     feature_rank: np.ndarray
     feature_counts: np.ndarray
     penalty_factors: np.ndarray = None
+    count_rows: int = None
 
     @property
     def nnz(self):
@@ -177,7 +182,20 @@ def feature_counts(indices, n_features, xp=np, data=None):
         if not bool(present.all()):  # one sync; only then a compaction
             indices = indices[present]
         del present
-    return xp.bincount(indices, minlength=int(n_features)).astype(xp.int64, copy=False)
+    return count_values(indices, n_features, xp)
+
+
+def count_values(idx, n, xp=np):
+    """``bincount(idx, minlength=n)`` as int64 (``idx``: integers in
+    ``[0, n)``), on the device by atomic adds into the ``n`` counts
+    (``add.at``).  Rule: no ``bincount`` of the device.  Why: CuPy's runs
+    CUB's histogram, whose per-block copies of the bins took 44 MB for 2**18
+    bins where the counts take 2 MB: memory the plan does not count."""
+    if xp is np:
+        return np.bincount(idx, minlength=int(n)).astype(np.int64, copy=False)
+    out = xp.zeros(int(n), dtype=xp.uint64)  # the atomic adds' 64-bit type
+    xp.add.at(out, idx, 1)
+    return out.view(xp.int64)
 
 
 def rank_features(counts, xp=np):
@@ -243,7 +261,7 @@ def penalty_scale(layout, xp=np, chunk=1 << 22):
         head[0] = True if a == 0 else feat[a] != feat[a - 1]
         s = starts[(starts >= a) & (starts < b)] - a
         head[xp.asarray(s)] = True
-        held += xp.bincount(f[head], minlength=layout.n_features)
+        held += count_values(f[head], layout.n_features, xp)
         del head
     return xp.where(held > 0, layout.n_batches / xp.maximum(held, 1), 0.0).astype(xp.float32)
 
@@ -654,7 +672,7 @@ class LayoutTiler:
         tile = 2 * g + (nf >= p.n_hot)
         b0, b1 = p.chunks[k]
         g0, g1 = int(p.batch_sblock_ptr[b0]), int(p.batch_sblock_ptr[b1])
-        tc = xp.bincount(tile - 2 * g0, minlength=2 * (g1 - g0))
+        tc = count_values(tile - 2 * g0, 2 * (g1 - g0), xp)
         self.tile_counts[2 * g0 : 2 * g1] = tc if xp is np else tc.get()
         self._pos += m
 

@@ -448,13 +448,14 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     # the penalty factors (with their computation's int64 and float64
     # temporaries; out of core a window's, computed on the host), their copy
     # beside Adagrad's sums, and the step scales of concurrent workers: the
-    # counts and the feature order uploaded, the counts gathered, two
-    # float64 temporaries of the frequencies, then the float32 frequencies
-    # and scales kept (out of core, again for every window)
+    # counts and the feature order uploaded with the float32 shares of
+    # mini-batches they give in one pass (20 bytes), then the shares kept
+    # with a level's scales and their temporaries (17); out of core, again
+    # for every window
     penalty = 0
     if s.penalty_scaled:
         penalty = (28 * d if rows == d else 4 * rows) + (4 * rows if s.adagrad else 0)
-    train["per-feature step factors"] = penalty + (40 if s.concurrent else 12) * rows
+    train["per-feature step factors"] = penalty + (20 if s.concurrent else 12) * rows
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
     phases["training"] = train
     return phases

@@ -44,10 +44,11 @@ __all__ = [
 #: the arrays of a state with one row per feature
 ROW_ARRAYS = ("w", "V", "gw", "gV")
 #: most nonzeros of one window: its layout is a copy on the device (the
-#: nonzeros' 10 bytes and an int64 position each), bounded whatever the slots
+#: nonzeros' 10 bytes, and while it is made an int64 slot and a flag each),
+#: bounded whatever the slots
 MAX_WINDOW_NNZ = 1 << 22
 #: device bytes of a window's layout per nonzero, while it is made
-WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8
+WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8 + 1
 #: rows a backend moves at a time through a device temporary when the host
 #: rows are not where its kernels reach them (``gather_rows`` of ordinary
 #: memory): a bounded temporary, which the memory plan allows for
@@ -304,10 +305,9 @@ def ranked_counts(layout):
 class WindowStats:
     """The whole layout's per-feature statistics as every window layout of
     a fit takes them (:func:`window_layout`): host buffers of the device
-    model's rows, the resident features' part written once (the penalty
-    factors) or by one vectorised pass (the counts, scaled to the window),
-    a window's slots filled in per window.  Rule: no per-window gather or
-    allocation over the model's resident rows.  Why: those are most of
+    model's rows, the resident features' part written once (their counts
+    and penalty factors), a window's slots filled in per window.  Rule: no
+    per-window pass over the model's resident rows.  Why: those are most of
     the model, and a window trains a few mini-batches.  A backend reads
     them while the window's layout is put on it, before the next window
     writes them again.
@@ -317,23 +317,23 @@ class WindowStats:
 
     def __init__(self, layout, n_resident, n_slots, penalty=None):
         r, rows = int(n_resident), int(n_resident) + int(n_slots)
-        self.n_resident, self.n_rows = r, max(int(layout.n_rows), 1)
-        self.ranked = ranked_counts(layout).astype(np.float64)
+        self.n_resident, self.n_rows = r, int(layout.n_rows)
+        self.ranked = ranked_counts(layout).astype(np.int64, copy=False)
         #: the window layout's feature order and rank: the identity
         self.identity = np.arange(rows, dtype=np.int64)
-        self._counts = np.zeros(rows, dtype=np.float64)
+        self._counts = np.zeros(rows, dtype=np.int64)
+        self._counts[:r] = self.ranked[:r]
         self.penalty, self._factors = None, None
         if penalty is not None:
             self.penalty = np.asarray(penalty, dtype=np.float32)
             self._factors = np.zeros(rows, dtype=np.float32)
             self._factors[:r] = self.penalty[:r]
 
-    def counts(self, window, window_rows):
-        """The counts scaled to the window's rows (unused slots: 0)."""
+    def counts(self, window):
+        """The whole layout's counts of the window's features (unused
+        slots: 0), counted over :attr:`n_rows` rows."""
         r, c, out = self.n_resident, window.cold.size, self._counts
-        scale = window_rows / self.n_rows
-        np.multiply(self.ranked[:r], scale, out=out[:r])
-        np.multiply(self.ranked[window.cold], scale, out=out[r : r + c])
+        np.take(self.ranked, window.cold, out=out[r : r + c])
         out[r + c :] = 0
         return out
 
@@ -342,7 +342,7 @@ class WindowStats:
         if self.penalty is None:
             return None
         r, c, out = self.n_resident, window.cold.size, self._factors
-        out[r : r + c] = self.penalty[window.cold]
+        np.take(self.penalty, window.cold, out=out[r : r + c])
         out[r + c :] = 0
         return out
 
@@ -355,11 +355,16 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stat
     Its per-feature statistics are the whole layout's, taken to the slots:
     ``penalty_factors`` from ``penalty`` (the whole layout's penalty factors,
     or None when the penalties are not scaled), and ``feature_counts`` the
-    whole layout's counts scaled to the window's rows (what a backend's
+    whole layout's counts over its rows (``count_rows``: what a backend's
     concurrency damping reads as each feature's frequency); its features are
     in layout order (``feature_order`` the identity).  ``stats``: the fit's
     :class:`WindowStats` (made here from ``penalty`` when None), whose
     buffers the statistics are.
+
+    A mini-batch's nonzeros and rows are contiguous in the layout, so the
+    window's are slices of it, one per mini-batch, joined: no index array
+    per nonzero.  Each nonzero's slot comes from a search of the window's
+    sorted cold features.
 
     Returns ``(layout, rows)``: the window's :class:`TileLayout` (its
     mini-batch ``i`` is ``window.batches[i]``, rows numbered from 0) and the
@@ -369,17 +374,23 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stat
     srp = np.asarray(layout.sblock_row_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     bts = window.batches
-    g = _ranges(np, bsp[bts], bsp[bts + 1])
-    rows = _ranges(np, srp[g], srp[g + 1])
-    nz = _ranges(np, tp[2 * g], tp[2 * g + 2])
+    g0, g1 = bsp[bts], bsp[bts + 1]
+    g = _ranges(np, g0, g1)
+    rows = _ranges(np, srp[g0], srp[g1])
     sb_len = srp[g + 1] - srp[g]
     tiles = np.stack((tp[2 * g + 1] - tp[2 * g], tp[2 * g + 2] - tp[2 * g + 1]), 1)
-    nz_d = xp.asarray(nz)
-    feat = layout.feat[nz_d]
-    cold = xp.asarray(window.cold)
-    is_cold = feat >= n_resident
-    slot = xp.searchsorted(cold, feat[is_cold].astype(xp.int64))
-    feat[is_cold] = (n_resident + slot).astype(feat.dtype)
+    spans = [slice(a, b) for a, b in zip(tp[2 * g0].tolist(), tp[2 * g1].tolist())]
+
+    def join(a):
+        return xp.concatenate([a[s] for s in spans]) if spans else a[:0].copy()
+
+    feat = join(layout.feat)
+    # the slot of every nonzero (meaningful for the cold ones), written over
+    # the cold ids in place
+    slot = xp.searchsorted(xp.asarray(window.cold), feat)
+    slot += n_resident
+    xp.copyto(feat, slot, casting="unsafe", where=feat >= n_resident)
+    del slot
 
     def ptr(counts):
         out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
@@ -395,16 +406,17 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stat
         sample_block=layout.sample_block,
         n_hot=layout.n_hot,
         feat=feat,
-        row=layout.row[nz_d],
-        val=layout.val[nz_d],
+        row=join(layout.row),
+        val=join(layout.val),
         tile_ptr=ptr(tiles.ravel()),
         sblock_row_ptr=ptr(sb_len),
-        batch_sblock_ptr=ptr(bsp[bts + 1] - bsp[bts]),
+        batch_sblock_ptr=ptr(g1 - g0),
         row_order=rows,
         feature_order=stats.identity,
         feature_rank=stats.identity,
-        feature_counts=stats.counts(window, rows.shape[0]),
+        feature_counts=stats.counts(window),
         penalty_factors=stats.factors(window),
+        count_rows=stats.n_rows,
     )
     return sub, rows
 
@@ -529,6 +541,9 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
         ))
         rows.store(win.cold)
         done += win.batches.size
+        # this window's layout goes before the next one's is made: the memory
+        # plan counts one window's
+        del sub, lrows
     return total
 
 

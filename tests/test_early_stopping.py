@@ -230,40 +230,41 @@ def test_warm_start_continues_and_restores_within_the_call(ctr):
     assert not np.array_equal(a.factors_, cold.factors_)
 
 
-def _close_to_rounding(a, b):
-    """Two in-order GPU runs agree to float32 rounding, grown over a few
-    epochs of large steps: relative to each value and to the array's scale
-    (a small factor's last bits move with its row's large ones)."""
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+def _far_closer_than(a, b, move, ratio=0.01):
+    """``a`` and ``b`` (two in-order GPU runs meant to be the same model)
+    differ by at most ``ratio`` of ``move`` (one epoch's change of the
+    model), in the Euclidean norm.  Why not elementwise: in-order GPU runs
+    repeat only to rounding (the order of float32 additions in a block is
+    not fixed), and steps of 0.3 grow one parameter's last bits into a
+    percent of a small value within an epoch; a restore off by an epoch
+    differs by the whole move."""
+    a, b, move = (np.asarray(x, dtype=np.float64) for x in (a, b, move))
+    assert np.linalg.norm(a - b) <= ratio * np.linalg.norm(move), (
+        np.linalg.norm(a - b), np.linalg.norm(move))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("est, data", OVERFITTING[::2], ids=["fm", "lr"])
 def test_the_best_epoch_is_restored_on_gpu(est, data, request):
-    # in order (concurrency=1) a GPU run repeats up to rounding (the order of
-    # float32 additions in a block is not fixed): the restored model (the
-    # packed Adagrad sums of the linear weights included) equals a run of
-    # exactly the best epoch's count to that rounding, far closer than one
-    # epoch of these large steps moves it (the CPU twin checks bit equality)
+    # in order (concurrency=1): the restored model (the packed Adagrad sums
+    # of the linear weights included) is a run of exactly the best epoch's
+    # count, up to rounding, far closer than one epoch of these large steps
+    # moves it (the CPU twin checks bit equality)
     X, y = request.getfixturevalue(data)
     kw = dict(early_stopping=True, n_iter_no_change=4, max_iter=30, random_state=0,
               device="cuda", concurrency=1)
     a = clone(est).set_params(**kw).fit(X, y)
     assert a.best_iteration_ < len(a.validation_score_)
     b = clone(est).set_params(**{**kw, "max_iter": a.best_iteration_}).fit(X, y)
-    for pa, pb in zip(_params(a), _params(b)):
-        _close_to_rounding(pa, pb)
-    restored = [p.copy() for p in _params(a)]
+    restored, run = [p.copy() for p in _params(a)], [p.copy() for p in _params(b)]
     # warm start from the restored model continues from its Adagrad sums
     a.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
     b.set_params(warm_start=True, max_iter=1, early_stopping=False).fit(X, y)
-    for pa, pb in zip(_params(a), _params(b)):
-        _close_to_rounding(pa, pb)
-    # and one epoch moves the model far beyond that tolerance
-    with pytest.raises(AssertionError):
-        for p, q in zip(restored, _params(a)):
-            _close_to_rounding(p, q)
+    for pr, pb, pa, pb1 in zip(restored, run, _params(a), _params(b)):
+        move = pa - pr  # one epoch from the restored model
+        _far_closer_than(pr, pb, move)
+        _far_closer_than(pa, pb1, move)
 
 
 def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():

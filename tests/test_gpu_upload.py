@@ -244,8 +244,24 @@ class _FakeCupy:
                 self._null.seq += 1  # a kernel queued on the compute stream
                 r = obj(*a, **k)
                 return r.view(_Dev) if isinstance(r, np.ndarray) else r
+            if isinstance(obj, np.ufunc):  # its methods too (add.at: atomic adds)
+                return _FakeUfunc(f, obj)
             return f
         return obj
+
+
+class _FakeUfunc:
+    """A numpy ufunc of the stand-in: called as the stand-in's functions are,
+    its methods (``at``, ...) numpy's."""
+
+    def __init__(self, call, ufunc):
+        self._call, self._ufunc = call, ufunc
+
+    def __call__(self, *a, **k):
+        return self._call(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._ufunc, name)
 
 
 

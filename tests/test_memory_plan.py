@@ -249,18 +249,18 @@ def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
     assert "the model state" not in setup
     # a window's penalty factors and their packed copy, and the concurrent
     # workers' frequencies and scales (in order: none computed; 12 kept)
-    assert train["per-feature step factors"] == (4 + 4 + 40) * rows
+    assert train["per-feature step factors"] == (4 + 4 + 20) * rows
     one = _memory.fit_needs(replace(s, model_rows=rows, concurrent=False), "cuda",
                             "device")["device"]
     assert one["training"]["per-feature step factors"] == (4 + 4 + 12) * rows
     # a layout on the host computes them there: nothing on the device
     host = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
     assert "out-of-core setup" not in host
-    assert host["training"]["per-feature step factors"] == (4 + 4 + 40) * rows
+    assert host["training"]["per-feature step factors"] == (4 + 4 + 20) * rows
     resident = _memory.fit_needs(s, "cuda", "streamed")["device"]
     assert "out-of-core setup" not in resident
     assert resident["training"]["per-feature step factors"] == (
-        32 * s.n_features + 40 * s.n_features)
+        32 * s.n_features + 20 * s.n_features)
 
 
 def _peak_device(shape, layout):
@@ -572,8 +572,9 @@ def test_a_method_out_of_memory_releases_again_once_its_frame_has_ended():
 def test_a_model_wider_than_the_device_budget_is_not_cached_there():
     """After a fit, the fitted model is kept on the device for predictions
     only when it fits the budget under device_memory_limit (a model trained
-    out of core is not uploaded whole afterwards); else no cache, and the
-    predictions plan their own memory.  (A stand-in device backend.)"""
+    out of core is not uploaded whole afterwards), the pool's cached blocks
+    given back first; else no cache, and the predictions plan their own
+    memory.  (A stand-in device backend.)"""
     import types
 
     import scipy.sparse as sp
@@ -584,10 +585,11 @@ def test_a_model_wider_than_the_device_budget_is_not_cached_there():
     X = sp.random(200, 50, density=0.2, format="csr", random_state=0)
     y = np.arange(200) % 2
     est = GPUFactorizationMachine(n_factors=4, max_iter=2, device="cpu").fit(X, y)
-    uploads = []
+    uploads, released = [], []
     dev = types.SimpleNamespace(
         name="stand-in", device_memory=lambda: (10**9, 2 * 10**9),
-        to_device=lambda a: uploads.append(a.nbytes) or a)
+        to_device=lambda a: uploads.append(a.nbytes) or a,
+        release_cached=lambda: released.append(len(uploads)))
     need = sum(a.nbytes for h in est._heads() for a in h if a is not None)
     with config_context(device_memory_limit=need - 1):
         est._set_gpu_cache(dev)
@@ -595,5 +597,7 @@ def test_a_model_wider_than_the_device_budget_is_not_cached_there():
     with config_context(device_memory_limit=need):
         est._set_gpu_cache(dev)
     assert sum(uploads) == need and est._valid_gpu_cache(dev) is not None
+    # the fit's cached blocks were given back before the model went in
+    assert released == [0]
     est._set_gpu_cache(_cpu)  # the CPU: the arrays themselves, always
     assert est._valid_gpu_cache(_cpu) is not None

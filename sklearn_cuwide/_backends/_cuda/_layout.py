@@ -32,6 +32,16 @@ from ._runtime import device_memory
 #: a fresh token for each penalty-scale array a layout computes
 _TOKENS = itertools.count(1)
 
+#: each feature's share of mini-batches, ``1 - exp(-count * batch_size /
+#: n_rows)`` clipped to [0, 1], in float64 then stored as float32, its count
+#: taken through the layout's feature order.  One fused pass: the device
+#: holds the counts and the order uploaded and the float32 shares, no float64
+#: temporaries (an out-of-core fit does it again for every window)
+_BATCH_SHARE = cp.ElementwiseKernel(
+    "raw C counts, int64 order, float64 c", "float32 q",
+    "q = (float)fmin(fmax(-expm1((double)counts[order] * c), 0.0), 1.0)",
+    "cuwide_batch_share")
+
 
 def _budget(memory_budget):
     """Device bytes a layout may plan to take: ``memory_budget``, or the
@@ -182,18 +192,22 @@ class DeviceLayout:
         if self._scale is None or self._scale[0] != key:
             if self._q is None:  # each feature's share of mini-batches, on the device
                 h = self.host
-                counts = cp.asarray(h.feature_counts)[cp.asarray(h.feature_order)]
-                q = -cp.expm1(counts * (-h.batch_size / max(self.n_rows, 1)))
-                self._q = cp.clip(q, 0.0, 1.0).astype(cp.float32)
+                rows = self.n_rows if h.count_rows is None else h.count_rows
+                self._q = _BATCH_SHARE(cp.asarray(h.feature_counts), cp.asarray(h.feature_order),
+                                       -h.batch_size / max(rows, 1))
+            self._scale = None  # the previous level's scales go before this one's
             updaters = 1.0 + (P - 1) * self._q
             if cap is not None:  # undamped up to `cap` concurrent updaters
                 s, sb = cp.minimum(1.0, cap / updaters), min(1.0, cap / P)
             else:
                 s, sb = updaters ** (-power), float(P) ** -power
-            damped = cp.flatnonzero(s < 1.0)
-            n_scaled = int(damped[-1]) + 1 if damped.size else 0
+            del updaters
+            # features from the last damped one on have a scale of 1
+            damped = (s < 1.0)[::-1]
+            n_scaled = s.size - int(cp.argmax(damped)) if bool(damped.any()) else 0
+            del damped
             # one level kept: 4 bytes per feature, not 4 per level of the ramp
-            self._scale = (key, (s.astype(cp.float32), n_scaled, sb))
+            self._scale = (key, (s.astype(cp.float32, copy=False), n_scaled, sb))
         return self._scale[1]
 
     def penalty_scale(self):
