@@ -500,9 +500,9 @@ class HostRows:
         self.backend.synchronize()  # the slots' last rows are on the host
         for k, a in self.state.arrays().items():
             if k in ROW_ARRAYS:  # the resident rows: the slots are written back already
-                a[:r] = to_host(getattr(self.device, k)[:r])
+                to_host(getattr(self.device, k)[:r], out=a[:r])
             else:
-                a[...] = to_host(getattr(self.device, k))
+                to_host(getattr(self.device, k), out=a)
         return self.state
 
 

@@ -15,6 +15,7 @@ import math
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from ._host import all_finite
 from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
 from ._out_of_core import OutOfCoreModel
@@ -461,9 +462,12 @@ def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_c
 def check_finite_state(state, n_iter, params, xp=np):
     """Raise the divergence error (:func:`_diverged`) when a fitted state
     (arrays of ``xp``) holds non-finite values."""
+    def finite(a):  # on the host on every core
+        return all_finite(a) if xp is np else bool(xp.isfinite(a).all())
+
     bad = [name for name, a in (("coefficients", state.w), ("intercepts", state.b),
                                 ("factors", state.V))
-           if a is not None and not bool(xp.isfinite(a).all())]
+           if a is not None and not finite(a)]
     if bad:
         raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
                         f"after {n_iter} epoch(s)", params)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ._host import take_rows
 from ._loss import LOSSES
 
 __all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS",
@@ -280,7 +281,12 @@ class ModelState:
         out = ModelState(w=None, b=None, factor_init=self.factor_init)
         for k in ("w", "V", "gw", "gV"):
             a = getattr(self, k)
-            setattr(out, k, None if a is None else xp.ascontiguousarray(a[index]))
+            if a is None:
+                setattr(out, k, None)
+            elif xp is np:  # on the host: the rows taken on every core
+                setattr(out, k, take_rows(a, index))
+            else:
+                setattr(out, k, xp.ascontiguousarray(a[index]))
         out.b = self.b
         out.gb = self.gb
         return out
@@ -331,10 +337,14 @@ class ModelState:
                 f = draw_with.xp.asarray(draw_with.to_device(order[a : a + step]))
                 part = draw_factors(draw_with.xp, seed, scale, f, k, dtype=self.w.dtype,
                                     chunk=max(1, step * k))
-                dev.V[a : a + step] = backend.to_device(draw_with.to_host(part))
+                if xp is np:  # onto the host: straight into the rows
+                    draw_with.to_host(part, out=dev.V[a : a + step])
+                else:
+                    dev.V[a : a + step] = backend.to_device(draw_with.to_host(part))
         dev.factor_init = None
         if self.gw is not None:  # Adagrad
-            dev.gV = xp.zeros_like(dev.V)
+            # zeros as made (a host's pages zeroed as they are first touched)
+            dev.gV = xp.zeros(dev.V.shape, dtype=dev.V.dtype)
         return dev
 
 

@@ -32,7 +32,7 @@ def _assert_satisfies(backend):
         want = getattr(Backend, n, None)
         if not callable(want):
             continue
-        got = inspect.signature(getattr(_cpu, n))
+        got = inspect.signature(getattr(backend, n))
         params = list(inspect.signature(want).parameters.values())[1:]  # no self
         assert [p.name for p in got.parameters.values()] == [p.name for p in params], n
         assert [p.kind for p in got.parameters.values()] == [p.kind for p in params], n
@@ -40,6 +40,14 @@ def _assert_satisfies(backend):
 
 def test_cpu_backend_satisfies_the_interface():
     _assert_satisfies(_cpu)
+
+
+def test_cpu_to_host_writes_into_out():
+    a = np.arange(6.0).reshape(3, 2)
+    assert _cpu.to_host(a) is a
+    out = np.zeros_like(a)
+    assert _cpu.to_host(a, out=out) is out
+    np.testing.assert_array_equal(out, a)
 
 
 @pytest.mark.gpu

@@ -115,3 +115,19 @@ def test_gpu_out_of_core_fit_at_the_default_concurrency_keeps_the_resident_auc(
     a_ref = roc_auc_score(yt, ref.decision_function(Xt))
     a_got = roc_auc_score(yt, got.decision_function(Xt))
     assert a_got > a_ref - 0.002, (a_got, a_ref)
+
+
+def test_cuda_to_host_writes_into_out_from_strided_arrays():
+    """``to_host(a, out=)``: how the out-of-core model's resident rows come
+    back into page-locked host rows (a packed Adagrad sum is a strided
+    view)."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import get_backend
+
+    be = get_backend("cuda:0")
+    a = cp.arange(24, dtype=cp.float32).reshape(6, 4)
+    for src in (a, a[:, 1:3], a[:3], a[::2]):
+        out = np.empty(src.shape, np.float32)
+        assert be.to_host(src, out=out) is out
+        np.testing.assert_array_equal(out, cp.asnumpy(src))

@@ -41,8 +41,9 @@ class Backend(Protocol):
     def to_device(self, a):
         """A host array on the backend."""
 
-    def to_host(self, a):
-        """A backend array as numpy."""
+    def to_host(self, a, out=None):
+        """A backend array as numpy; written into ``out`` (a C-contiguous
+        numpy array of its shape and dtype) when given."""
 
     def synchronize(self):
         """Wait for the backend's queued work."""

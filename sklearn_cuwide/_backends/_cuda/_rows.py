@@ -7,6 +7,7 @@ import math
 import cupy as cp
 import numpy as np
 
+from ..._host import copy_rows
 from ..._kernels import get_kernel
 from ..._out_of_core import PIECE_ROWS
 from ._upload import _pinned_or_pageable, is_pinned
@@ -26,9 +27,7 @@ def host_rows(a):
     out = _pinned_or_pageable(cp, a.size, a.dtype)
     if not is_pinned(cp, out):  # refused: no copy of it in ordinary memory
         return a
-    out = out.reshape(a.shape)
-    np.copyto(out, a)
-    return out
+    return copy_rows(out.reshape(a.shape), a)
 
 
 def _row_words(host):

@@ -219,7 +219,13 @@ def to_device(a):
     return cp.asarray(a)
 
 
-def to_host(a):
+def to_host(a, out=None):
+    if out is not None:  # straight into the caller's memory (page-locked: at full rate)
+        if isinstance(a, cp.ndarray):
+            a.get(out=out)
+        else:
+            out[...] = a
+        return out
     if isinstance(a, cp.ndarray):
         return cp.asnumpy(a)
     return np.asarray(a)

@@ -1,0 +1,86 @@
+"""Passes over large host arrays, spread over the host's cores.
+
+Rule: a pass over a whole model's rows on the host (a permutation between
+the user's and the layout's feature order, the check for non-finite values,
+a copy into page-locked memory) goes through these functions: an array of
+at least :data:`PARALLEL_BYTES` is cut into contiguous runs of rows, one per
+thread, and numpy runs each run's loop without the GIL.  Why: one numpy
+call runs on one core, and a model wider than the device is several GB.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+__all__ = ["PARALLEL_BYTES", "host_threads", "take_rows", "all_finite", "copy_rows"]
+
+#: arrays smaller than this are one numpy call (threads cost more than they save)
+PARALLEL_BYTES = 1 << 26
+#: most threads a pass uses (the copies are bound by memory bandwidth, which
+#: a few cores saturate)
+MAX_THREADS = 16
+
+
+def host_threads():
+    """The cores this process may run on, at most :data:`MAX_THREADS`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_THREADS))
+
+
+def _runs(n_rows, nbytes):
+    """``[(start, stop)]``: the rows in one run per thread (one run for a
+    small array)."""
+    k = 1 if nbytes < PARALLEL_BYTES else min(host_threads(), max(1, int(n_rows)))
+    bounds = np.linspace(0, int(n_rows), k + 1).astype(np.int64).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _each(fn, runs):
+    """``fn(start, stop)`` for every run, on threads when there are several."""
+    if len(runs) == 1:
+        return [fn(*runs[0])]
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda r: fn(*r), runs))
+
+
+def take_rows(a, index, out=None):
+    """``a[index]`` along the first axis (``index``: integers, each in
+    ``[-len(a), len(a))``), C-contiguous, written into ``out`` when given.
+    Raises ``IndexError`` for an index out of range, before any row moves."""
+    index = np.asarray(index)
+    if index.size == 0:  # an empty list is float to numpy
+        index = index.astype(np.intp)
+    n = a.shape[0]
+    if index.size and (int(index.min()) < -n or int(index.max()) >= n):
+        raise IndexError(f"an index is out of range for {n} rows")
+    if out is None:
+        out = np.empty((index.shape[0],) + a.shape[1:], dtype=a.dtype)
+    # in range (checked above): "wrap" takes as "raise" would, without the
+    # copy "raise" makes of every run to undo it on an error
+    _each(lambda s, e: np.take(a, index[s:e], axis=0, out=out[s:e], mode="wrap"),
+          _runs(index.shape[0], out.nbytes))
+    return out
+
+
+def all_finite(a):
+    """Whether every value of ``a`` is finite."""
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return bool(np.isfinite(a))
+    return all(_each(lambda s, e: bool(np.isfinite(a[s:e]).all()),
+                     _runs(a.shape[0], a.nbytes)))
+
+
+def copy_rows(dst, src):
+    """``dst[...] = src`` (same shape)."""
+    if dst.shape != src.shape:
+        raise ValueError(f"shapes differ: {dst.shape} and {src.shape}")
+    if dst.ndim == 0:
+        dst[...] = src
+        return dst
+    _each(lambda s, e: np.copyto(dst[s:e], src[s:e]), _runs(dst.shape[0], dst.nbytes))
+    return dst

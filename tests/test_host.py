@@ -1,0 +1,66 @@
+"""The threaded host passes (``_host``) against numpy's own, with the
+threshold lowered so that small arrays are cut into runs on threads."""
+
+import numpy as np
+import pytest
+
+from sklearn_cuwide import _host
+
+
+@pytest.fixture(params=[False, True], ids=["one-run", "threads"])
+def runs(request, monkeypatch):
+    if request.param:
+        monkeypatch.setattr(_host, "PARALLEL_BYTES", 1)
+        monkeypatch.setattr(_host, "host_threads", lambda: 3)
+    return request.param
+
+
+@pytest.mark.parametrize("shape", [(1001,), (1001, 7), (5, 3), (0, 4)])
+def test_take_rows_is_numpys_take(runs, shape):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shape).astype(np.float32)
+    index = rng.integers(-shape[0], shape[0], size=2 * shape[0]) if shape[0] else []
+    got = _host.take_rows(a, index)
+    np.testing.assert_array_equal(got, a[np.asarray(index, dtype=np.int64)])
+    assert got.flags.c_contiguous
+    out = np.empty_like(got)
+    assert _host.take_rows(a, index, out=out) is out
+    np.testing.assert_array_equal(out, got)
+
+
+@pytest.mark.parametrize("bad", [7, -8])
+def test_take_rows_refuses_an_index_out_of_range_before_writing(runs, bad):
+    a = np.arange(7.0)
+    out = np.full(3, -1.0)
+    with pytest.raises(IndexError, match="out of range"):
+        _host.take_rows(a, [0, bad, 1], out=out)
+    assert (out == -1).all()
+
+
+@pytest.mark.parametrize("where", [0, 500, 1000])
+def test_all_finite_finds_a_value_in_any_run(runs, where):
+    a = np.ones((1001, 3), dtype=np.float32)
+    assert _host.all_finite(a)
+    for bad in (np.nan, np.inf, -np.inf):
+        b = a.copy()
+        b[where, 2] = bad
+        assert not _host.all_finite(b)
+    assert _host.all_finite(np.float32(1.0)) and not _host.all_finite(np.float64(np.nan))
+
+
+def test_copy_rows_copies_and_checks_the_shape(runs):
+    src = np.random.default_rng(1).standard_normal((1001, 5))
+    dst = np.zeros_like(src)
+    assert _host.copy_rows(dst, src) is dst
+    np.testing.assert_array_equal(dst, src)
+    with pytest.raises(ValueError, match="shapes differ"):
+        _host.copy_rows(np.zeros((3, 5)), src)
+
+
+def test_runs_cover_the_rows_once(monkeypatch):
+    monkeypatch.setattr(_host, "host_threads", lambda: 4)
+    assert _host._runs(10, _host.PARALLEL_BYTES - 1) == [(0, 10)]
+    runs = _host._runs(10, _host.PARALLEL_BYTES)
+    assert len(runs) == 4 and runs[0][0] == 0 and runs[-1][1] == 10
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert _host._runs(2, _host.PARALLEL_BYTES) == [(0, 1), (1, 2)]
