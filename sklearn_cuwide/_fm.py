@@ -35,7 +35,11 @@ from ._minibatch import (
     restore_accumulators,
     validation_attrs,
 )
-from ._penalty_choice import choose_penalty_multiplier, penalty_choice_applies
+from ._penalty_choice import (
+    choose_among_fits,
+    choose_penalty_multiplier,
+    penalty_choice_mode,
+)
 from ._state import FitProgress, ModelState, StepParams
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
@@ -49,9 +53,11 @@ _FM_PARAMS_DOC = """
         objective (``S`` the training rows' total sample weight), the
         penalty of scikit-learn's ``LogisticRegression(C=1)``: a fixed prior
         whose weight per row falls as the rows grow; a binary classifier of
-        2,000 to 10,000 rows with ``early_stopping="auto"`` multiplies both
-        "auto" penalties by 1, 3, 10 or 30, chosen on a held-out fifth of its
-        rows (``penalty_multiplier_``).  A number: the penalty per
+        2,000 to 100,000 rows with ``early_stopping="auto"`` multiplies both
+        "auto" penalties by 1, 3, 10 or 30, the one with the least held-out
+        log loss: on a fifth of its rows held out below 10,000 rows (then the
+        fit of all rows), else on early stopping's validation split, the
+        best of the four fits kept (``penalty_multiplier_``).  A number: the penalty per
         mini-batch, on the features the mini-batch contains (see
         ``scale_penalty``).
     beta : "auto" or float, default="auto"
@@ -370,10 +376,12 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         is the latest); None without it.
     penalty_multiplier_ : float
         The factor both "auto" penalties were multiplied by: chosen among
-        1, 3, 10 and 30 by a binary fit of 2,000 to 10,000 rows whose ``alpha``,
-        ``beta`` and ``early_stopping`` are ``"auto"`` (the least log loss on
-        a stratified fifth of its rows, each trained on the other four
-        fifths, before the fit of all rows; :doc:`/design/defaults`), kept by
+        1, 3, 10 and 30 by a binary fit of 2,000 to 100,000 rows whose
+        ``alpha``, ``beta`` and ``early_stopping`` are ``"auto"``, by the
+        least held-out log loss: below 10,000 rows on a stratified fifth of
+        its rows, each trained on the other four fifths, before the fit of
+        all rows; from 10,000 rows on early stopping's validation split, the
+        fit of least validation loss kept (:doc:`/design/defaults`). Kept by
         ``warm_start`` and ``partial_fit``; 1 otherwise.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
@@ -448,37 +456,55 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
 
-    def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
-                            progress=None):
-        """``(multiplier, chosen)`` of both "auto" penalties for a fit: a
-        continued model's own; a fresh one's chosen on held-out rows where
-        :func:`~sklearn_cuwide._penalty_choice.penalty_choice_applies` (then
-        ``chosen`` is it, else None; a stage of ``progress``); else 1."""
+    def _penalty_choice(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
+                        progress=None):
+        """``(multiplier, chosen, results)`` of both "auto" penalties for a
+        fit: a continued model's own; a fresh one's chosen by held-out loss
+        where :func:`~sklearn_cuwide._penalty_choice.penalty_choice_mode`
+        says how (then ``chosen`` is it, else None; a stage of
+        ``progress``); else 1.  ``results``: the chosen fit's heads when the
+        choice trained them on the fit's own rows (early stopping's split
+        scoring), else None (the fit is still to be made)."""
         if warm:
-            return getattr(self, "penalty_multiplier_", 1.0), None
-        if partial or not penalty_choice_applies(self.alpha, self.beta, self.early_stopping,
-                                                 y_idx, len(targets), None):
-            return 1.0, None
-        m = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress)
+            return getattr(self, "penalty_multiplier_", 1.0), None, None
+        mode = None if partial else penalty_choice_mode(
+            self.alpha, self.beta, self.early_stopping, y_idx, len(targets), None)
+        if mode is None:
+            return 1.0, None, None
+        if mode == "held_out":
+            m, results = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress), None
+        else:
+            m, results = self._choose_penalty_by_validation(X, targets, sw, y_idx, backend,
+                                                            progress)
         if progress is not None:
             progress.stage(f"penalty choice (multiplier {m:g})")
-        return m, m
+        return m, m, results
+
+    def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
+                            progress=None):
+        """``(multiplier, chosen)`` of :meth:`_penalty_choice`."""
+        m, chosen, _ = self._penalty_choice(X, targets, sw, y_idx, warm, backend,
+                                            partial=partial, progress=progress)
+        return m, chosen
+
+    def _choice_seeds(self):
+        """``(split_seed, fit_seed)``: the choice's fits share ``fit_seed``
+        (``random_state`` itself when it is an int), so that they differ by
+        their penalty alone."""
+        rs = self.random_state
+        if isinstance(rs, Integral):
+            return check_random_state(rs).randint(np.iinfo(np.int32).max), rs
+        gen = check_random_state(rs)
+        split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
+        return split_seed, fit_seed
 
     def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
         """The multiplier of both "auto" penalties for a small binary fit
         (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
-        with this estimator's fits, quiet).  The four fits share one seed
-        (``random_state`` itself when it is an int), so that they differ by
-        their penalty alone; the held-out rows are scored on the host (a few
-        thousand rows, whatever the model's width or the device's limit)."""
-        rs = self.random_state
-        if isinstance(rs, Integral):
-            split_seed = check_random_state(rs).randint(np.iinfo(np.int32).max)
-            fit_seed = rs
-        else:
-            gen = check_random_state(rs)
-            split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max,
-                                                                size=2))
+        with this estimator's fits, quiet, sharing one seed); the held-out
+        rows are scored on the host (a few thousand rows, whatever the
+        model's width or the device's limit)."""
+        split_seed, fit_seed = self._choice_seeds()
 
         def fit(Xs, t, s, strat, m):
             res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
@@ -493,6 +519,24 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
                                          sw, y_idx, split_seed, backend, progress)
         return m
+
+    def _choose_penalty_by_validation(self, X, targets, sw, y_idx, backend, progress=None):
+        """``(m, results)``: this estimator's fit of all rows at each
+        multiplier, with early stopping (one seed: the same split, layout and
+        epochs), the one whose kept epoch has the least validation loss
+        (:func:`~sklearn_cuwide._penalty_choice.choose_among_fits`)."""
+        _, fit_seed = self._choice_seeds()
+
+        def fit(m):
+            res = self._fit_heads(X, targets, sw, backend, None, stratify=y_idx,
+                                  partial=False, progress=FitProgress(0), multiplier=m,
+                                  chosen=m, random_state=fit_seed)
+            r = res[0]
+            kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
+            return res, r.validation_curve[kept - 1]
+
+        m, results, _ = choose_among_fits(fit, progress)
+        return m, results
 
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
@@ -530,12 +574,13 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             ):
                 warm = self._warm_states(X.shape[1], n_heads)
             targets = self._targets(y_idx, classes)
-            multiplier, chosen = self._penalty_multiplier(X, targets, sw, y_idx, warm,
-                                                          backend, progress=progress)
-            results = self._fit_heads(
-                X, targets, sw, backend, warm, stratify=y_idx,
-                partial=False, progress=progress, multiplier=multiplier, chosen=chosen,
-            )
+            multiplier, chosen, results = self._penalty_choice(
+                X, targets, sw, y_idx, warm, backend, progress=progress)
+            if results is None:  # else the choice's fits made it
+                results = self._fit_heads(
+                    X, targets, sw, backend, warm, stratify=y_idx,
+                    partial=False, progress=progress, multiplier=multiplier, chosen=chosen,
+                )
             commit(self, {"classes_": classes, "device_": device_,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False)})

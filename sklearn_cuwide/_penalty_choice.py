@@ -1,18 +1,24 @@
-"""The strength of a small binary factorization machine's "auto" penalties,
-chosen per fit on a held-out fifth of its rows.
+"""The strength of a binary factorization machine's "auto" penalties,
+chosen per fit by held-out loss.
 
-From :data:`MIN_ROWS` to
-:data:`~sklearn_cuwide._minibatch.EARLY_STOPPING_AUTO_MIN_SAMPLES` training
-rows, ``early_stopping="auto"`` holds nothing out and a fit trains
-until the training loss stops falling: how strongly the penalties must hold
-the factors is then a property of the data, not a constant (on twenty
-small sets the best of the multipliers below ranged from 1 to 30 and the
-test AUC by up to 0.05; docs/design/defaults.rst).  So a binary
-:class:`~sklearn_cuwide.GPUFactorizationMachine` whose ``alpha`` and
-``beta`` are both ``"auto"`` and whose early stopping is off by ``"auto"``
-multiplies both by the ``m`` of :data:`PENALTY_MULTIPLIERS` whose fit on
-four fifths of its training rows has the least log loss on the fifth left
-out (stratified), then fits all its rows with it.
+How strongly the penalties must hold the factors is a property of the
+data, not a constant: on the study's sets the best of the multipliers
+below ranged from 1 to 30, and the test AUC by up to 0.05
+(docs/design/defaults.rst).  So a binary
+:class:`~sklearn_cuwide.GPUFactorizationMachine` whose ``alpha``, ``beta``
+and ``early_stopping`` are all ``"auto"`` multiplies both penalties by the
+``m`` of :data:`PENALTY_MULTIPLIERS` with the least held-out log loss, in
+one of two ways (:func:`penalty_choice_mode`):
+
+* ``"held_out"``, from :data:`MIN_ROWS` to
+  :data:`~sklearn_cuwide._minibatch.EARLY_STOPPING_AUTO_MIN_SAMPLES`
+  training rows, where early stopping holds nothing out: four fits of four
+  fifths of the rows, scored on the stratified fifth left out
+  (:func:`choose_penalty_multiplier`), then the fit of all rows with it;
+* ``"validation"``, from there to :data:`MAX_ROWS`: the fit itself at each
+  multiplier, early stopping's held-out tenth scoring each one's restored
+  best epoch, and the best fit kept (:func:`choose_among_fits`): four
+  fits, no fifth.
 
 Rule: the choice is the estimator's own fits, through the function it is
 given, with nothing of the estimator in here.  Why: the multiplier must
@@ -27,8 +33,9 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
 
-__all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "penalty_choice_applies",
-           "choose_penalty_multiplier"]
+__all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "MIN_ROWS", "MAX_ROWS",
+           "penalty_choice_mode", "penalty_choice_applies", "choose_penalty_multiplier",
+           "choose_among_fits"]
 
 #: the multipliers of both "auto" penalties a fit chooses among
 PENALTY_MULTIPLIERS = (1.0, 3.0, 10.0, 30.0)
@@ -41,23 +48,38 @@ MIN_CLASS_ROWS = 5
 #: 0.004 was its 1,000-row set), and the four fits cost most where a fit is
 #: fast anyway
 MIN_ROWS = 2_000
+#: the rows from which a fit no longer chooses: the choice costs four fits,
+#: and the study's sets that gained from it reach 100,000 rows (above, the
+#: defaults' penalty stands)
+MAX_ROWS = 100_000
+
+
+def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm):
+    """How a fit chooses its penalty multiplier: ``"held_out"`` (a fifth
+    of its rows held out) from :data:`MIN_ROWS` training rows to early
+    stopping's threshold, ``"validation"`` (early stopping's split) from
+    there to :data:`MAX_ROWS`, else None: one binary head, fresh, ``alpha``,
+    ``beta`` and ``early_stopping`` all ``"auto"``, and every class with
+    :data:`MIN_CLASS_ROWS` rows."""
+    if not (alpha == "auto" and beta == "auto" and early_stopping == "auto"):
+        return None
+    if n_heads != 1 or warm is not None or stratify is None:
+        return None
+    labels = np.asarray(stratify, dtype=np.intp)
+    n = labels.shape[0]
+    if not MIN_ROWS <= n < MAX_ROWS:
+        return None
+    counts = np.bincount(labels)
+    counts = counts[counts > 0]
+    if counts.size != 2 or int(counts.min()) < MIN_CLASS_ROWS:
+        return None
+    return "held_out" if n < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
 
 
 def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm):
-    """Whether a fit chooses its penalty multiplier: one binary head,
-    fresh, both penalties ``"auto"``, early stopping off by ``"auto"``,
-    from :data:`MIN_ROWS` training rows to early stopping's threshold, and
-    every class with :data:`MIN_CLASS_ROWS` rows."""
-    if not (alpha == "auto" and beta == "auto" and early_stopping == "auto"):
-        return False
-    if n_heads != 1 or warm is not None or stratify is None:
-        return False
-    labels = np.asarray(stratify, dtype=np.intp)
-    if not MIN_ROWS <= labels.shape[0] < EARLY_STOPPING_AUTO_MIN_SAMPLES:
-        return False
-    counts = np.bincount(labels)
-    counts = counts[counts > 0]
-    return counts.size == 2 and int(counts.min()) >= MIN_CLASS_ROWS
+    """Whether a fit chooses its penalty multiplier (:func:`penalty_choice_mode`)."""
+    return penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads,
+                               warm) is not None
 
 
 def _log_loss(t, z, sw):
@@ -95,3 +117,32 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
             progress.note(f"Penalty multiplier {m:g}: held-out log loss {losses[-1]:.6f} "
                           f"(fit of {tr.size:,} rows in {time.perf_counter() - t0:.3f} s)")
     return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses
+
+
+def choose_among_fits(fit, progress=None):
+    """``(m, result, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS`
+    whose fit has the least validation loss (the first such), that fit's
+    result, and each one's loss.
+
+    ``fit(m)``: the estimator's fit of all its rows with multiplier ``m``
+    and early stopping, returning ``(result, loss)``, ``loss`` the
+    validation loss of the epoch it kept.  The warnings of the fit kept are
+    given again once it is known; the others' are dropped.  ``progress``:
+    the fit's log, which gets one line per multiplier."""
+    best = None
+    losses = []
+    for m in PENALTY_MULTIPLIERS:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result, loss = fit(m)
+        losses.append(float(loss))
+        if best is None or losses[-1] < best[2]:
+            best = (m, result, losses[-1], caught)
+        if progress is not None:
+            progress.note(f"Penalty multiplier {m:g}: validation loss {losses[-1]:.6f} "
+                          f"(fit in {time.perf_counter() - t0:.3f} s)")
+    m, result, _, caught = best
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return m, result, losses

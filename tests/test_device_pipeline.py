@@ -449,14 +449,24 @@ def test_factors_drawn_by_another_device_in_parts_are_the_same_bits():
     order = np.random.default_rng(3).permutation(1003).astype(np.int64)
     st = ModelState.zeros(1003, 1, 6, adagrad=True, init_scale=0.05, random_state=11,
                           draw=False)
-    drawn = []
+    drawn, into = [], []
     fake = _FakeCupy()
+
+    def to_host(a, out=None):  # the interface's: into the host rows when given
+        a = np.asarray(a).view(np.ndarray)
+        if out is None:
+            return a
+        into.append(out.shape[0])
+        out[...] = a
+        return out
+
     dev = types.SimpleNamespace(
         xp=fake, to_device=lambda a: drawn.append(len(a)) or np.asarray(a).view(_Dev),
-        to_host=lambda a: np.asarray(a).view(np.ndarray))
+        to_host=to_host)
     ref = st.put_in_layout_order(order, _cpu)
     got = st.put_in_layout_order(order, _cpu, draw_with=dev, draw_rows=100)
     assert drawn == [100] * 10 + [3]
+    assert into == [100] * 10 + [3]  # each part straight into the host rows
     assert type(got.V) is np.ndarray and got.factor_init is None
     np.testing.assert_array_equal(got.V.view(np.uint32), ref.V.view(np.uint32))
     np.testing.assert_array_equal(got.gV, np.zeros_like(ref.V))

@@ -1,7 +1,9 @@
-"""The small-data choice of the factorization machine's penalty strength
+"""The choice of the factorization machine's penalty strength
 (``_penalty_choice``) against a reference made of plain fits with the
-penalties written out: the same split, the same four fits, the least
-held-out log loss, then the fit of all rows with that multiplier."""
+penalties written out: below 10,000 rows the same split, the same four
+fits, the least held-out log loss, then the fit of all rows with that
+multiplier; from there the four fits with early stopping, the one of least
+validation loss kept."""
 
 import numpy as np
 import pytest
@@ -12,8 +14,10 @@ from sklearn_cuwide import GPUFactorizationMachine
 from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA, _validation_split
 from sklearn_cuwide._penalty_choice import (
     CHOICE_FRACTION,
+    MAX_ROWS,
     PENALTY_MULTIPLIERS,
     penalty_choice_applies,
+    penalty_choice_mode,
 )
 from sklearn_cuwide.datasets import make_ctr_classification
 
@@ -84,9 +88,54 @@ def test_when_the_choice_applies():
     few = np.r_[np.zeros(1996, int), np.ones(4, int)]  # 4 rows of a class: too few
     assert not penalty_choice_applies(*args, few, 1, None)
     assert not penalty_choice_applies(*args, y[1:-1], 1, None)  # under 2,000 rows
+    assert penalty_choice_mode(*args, y, 1, None) == "held_out"
     big = np.r_[np.zeros(5000, int), np.ones(5000, int)]  # early stopping's size
-    assert not penalty_choice_applies(*args, big, 1, None)
+    assert penalty_choice_mode(*args, big, 1, None) == "validation"
+    top = np.r_[np.zeros(MAX_ROWS // 2, int), np.ones(MAX_ROWS // 2, int)]
+    assert penalty_choice_mode(*args, top[1:], 1, None) == "validation"
+    assert not penalty_choice_applies(*args, top, 1, None)  # the four fits cost too much
     assert not penalty_choice_applies("auto", "auto", False, y, 1, None)
+    assert not penalty_choice_applies("auto", "auto", True, big, 1, None)
+
+
+def test_from_early_stoppings_size_the_best_validated_fit_is_kept():
+    """From 10,000 rows: the fit at each multiplier with early stopping
+    (the same split and seed), the one whose kept epoch has the least
+    validation loss kept as it is, against plain fits with the penalties
+    written out for the training part of early stopping's split."""
+    from sklearn_cuwide._minibatch import _seeds
+
+    X, y = _data(n=10_000, seed=4)
+    est = GPUFactorizationMachine(n_factors=4, max_iter=6, random_state=0, device="cpu")
+    fm = clone(est).fit(X, y)
+    tr, _ = _validation_split(y.shape[0], est.validation_fraction, y, _seeds(0)[0])
+    refs, losses = [], []
+    for m in PENALTY_MULTIPLIERS:
+        ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X, y)
+        refs.append(ref)
+        losses.append(-ref.validation_score_[ref.best_iteration_ - 1])
+    k = int(np.argmin(losses))
+    assert len(set(np.round(losses, 6))) == len(losses)  # the choice is not a tie
+    assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[k]
+    for key in ("coef_", "intercept_", "factors_", "validation_score_", "best_iteration_"):
+        np.testing.assert_array_equal(getattr(fm, key), getattr(refs[k], key), err_msg=key)
+
+
+def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
+    """verbose: one line per multiplier (its validation loss and fit time)
+    then the choice as a stage; the warnings are the kept fit's, once."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = _data(n=10_000, seed=4)
+    with pytest.warns(ConvergenceWarning) as seen:
+        fm = GPUFactorizationMachine(n_factors=4, max_iter=1, random_state=0, device="cpu",
+                                     verbose=1).fit(X, y)
+    out = capsys.readouterr().out
+    lines = [s for s in out.splitlines() if s.startswith("Penalty multiplier ")]
+    assert [s.split()[2].rstrip(":") for s in lines] == [f"{m:g}" for m in PENALTY_MULTIPLIERS]
+    assert all("validation loss" in s for s in lines)
+    assert f"Stage: penalty choice (multiplier {fm.penalty_multiplier_:g})" in out
+    assert len([w for w in seen if issubclass(w.category, ConvergenceWarning)]) == 1
 
 
 def test_multiclass_and_continued_fits_keep_their_multiplier():
