@@ -27,19 +27,42 @@ def _protocol_members():
 
 
 def _assert_satisfies(backend):
+    """Every function of the interface is callable as it declares: its
+    parameters in the backend's, in order and of the same kinds, and any
+    other parameter of the backend's optional (a backend's own knobs, such
+    as the CUDA layout's device budget, have defaults)."""
     assert isinstance(backend, Backend)
     for n in _protocol_members():
         want = getattr(Backend, n, None)
         if not callable(want):
             continue
-        got = inspect.signature(getattr(backend, n))
+        got = list(inspect.signature(getattr(backend, n)).parameters.values())
         params = list(inspect.signature(want).parameters.values())[1:]  # no self
-        assert [p.name for p in got.parameters.values()] == [p.name for p in params], n
-        assert [p.kind for p in got.parameters.values()] == [p.kind for p in params], n
+        names = [p.name for p in got]
+        assert all(p.name in names for p in params), (n, names)
+        mine = [p for p in got if p.name in {q.name for q in params}]
+        assert [p.name for p in mine] == [p.name for p in params], n
+        assert [p.kind for p in mine] == [p.kind for p in params], n
+        extra = [p for p in got if p.name not in {q.name for q in params}]
+        assert all(p.default is not inspect.Parameter.empty for p in extra), (n, extra)
 
 
 def test_cpu_backend_satisfies_the_interface():
     _assert_satisfies(_cpu)
+
+
+def test_the_interface_check_refuses_what_a_caller_could_not_call():
+    import types
+
+    good = types.SimpleNamespace(**{n: getattr(_cpu, n) for n in dir(_cpu)
+                                    if not n.startswith("_")})
+    _assert_satisfies(good)
+    for bad in (lambda layout, extra: None,  # a required parameter more
+                lambda: None,  # the declared one missing
+                lambda other: None):  # named otherwise
+        broken = types.SimpleNamespace(**{**vars(good), "put_layout": bad})
+        with pytest.raises(AssertionError):
+            _assert_satisfies(broken)
 
 
 def test_cpu_to_host_writes_into_out():
