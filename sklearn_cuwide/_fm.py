@@ -40,7 +40,7 @@ from ._penalty_choice import (
     choose_penalty_multiplier,
     penalty_choice_mode,
 )
-from ._state import FitProgress, ModelState, StepParams
+from ._state import FitProgress, ModelState, StepParams, shared_draws
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 
@@ -516,8 +516,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
             return _cpu.decision_function(Xs, st.w, st.b, st.V, fit_linear=self.fit_linear)
 
-        m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
-                                         sw, y_idx, split_seed, backend, progress)
+        with shared_draws():  # one seed, one layout: the initial factors drawn once
+            m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
+                                             sw, y_idx, split_seed, backend, progress)
         return m
 
     def _choose_penalty_by_validation(self, X, targets, sw, y_idx, backend, progress=None):
@@ -535,7 +536,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
             return res, r.validation_curve[kept - 1]
 
-        m, results, _ = choose_among_fits(fit, progress)
+        with shared_draws():
+            m, results, _ = choose_among_fits(fit, progress)
         return m, results
 
     @_fit_context(prefer_skip_nested_validation=True)

@@ -6,8 +6,11 @@ model's arrays and the optimiser's accumulators) and a :class:`StepParams`
 :class:`FitProgress` is the ``verbose`` log a fit hands down to them.
 """
 
+import contextvars
+import hashlib
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,7 +19,41 @@ from ._host import take_rows
 from ._loss import LOSSES
 
 __all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS",
-           "counter_bits", "counter_normal", "draw_factors", "factor_seed"]
+           "counter_bits", "counter_normal", "draw_factors", "factor_seed", "shared_draws"]
+
+#: inside :func:`shared_draws`: the last host draw of initial factors, by
+#: what determines it (None outside)
+_SHARED_DRAWS = contextvars.ContextVar("sklearn_cuwide_shared_draws", default=None)
+
+
+@contextmanager
+def shared_draws():
+    """Inside, a host draw of initial factors (:meth:`ModelState.put_in_layout_order`
+    on a numpy backend) is kept, and a later draw of the same seed, scale,
+    rank, dtype and feature order gets a copy of it instead of drawing
+    again: the penalty choice's fits share one seed and, on the same rows,
+    one layout.  Rule: one draw kept, only inside.  Why: a model's factors
+    can be gigabytes, and a draw held past its fits would be a leak."""
+    token = _SHARED_DRAWS.set({})
+    try:
+        yield
+    finally:
+        _SHARED_DRAWS.reset(token)
+
+
+def _host_draw(seed, scale, order, k, dtype):
+    """:func:`draw_factors` of the features ``order`` on the host, taken
+    from :func:`shared_draws`' kept draw when it is the same one."""
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    kept = _SHARED_DRAWS.get()
+    if kept is None:
+        return draw_factors(np, seed, scale, order, k, dtype=dtype)
+    key = (int(seed), float(scale), int(k), np.dtype(dtype).str, order.shape[0],
+           hashlib.blake2b(order.tobytes(), digest_size=16).digest())
+    if key not in kept:
+        kept.clear()
+        kept[key] = draw_factors(np, seed, scale, order, k, dtype=dtype)
+    return kept[key].copy()  # the fit trains its own in place
 
 MODELS = ("linear", "fm")
 SOLVERS = ("sgd", "adagrad")
@@ -326,7 +363,9 @@ class ModelState:
             return dev
         seed, scale, k = self.factor_init
         xp = backend.xp
-        if draw_with is None or draw_with is backend:
+        if (draw_with is None or draw_with is backend) and xp is np:
+            dev.V = _host_draw(seed, scale, order, k, self.w.dtype)
+        elif draw_with is None or draw_with is backend:
             features = xp.asarray(backend.to_device(np.asarray(order, dtype=np.int64)))
             dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
         else:

@@ -200,3 +200,43 @@ def test_the_four_fits_share_one_seed_whatever_random_state_is(monkeypatch):
         assert len(seen) == len(PENALTY_MULTIPLIERS) + 1 and len(set(choice)) == 1
         assert choice[0] is not None and (choice[0] == 11) == (rs == 11)
         assert fm.penalty_multiplier_ in PENALTY_MULTIPLIERS
+
+
+def test_the_choices_fits_draw_their_initial_factors_once(monkeypatch):
+    """The four fits of a choice share one seed and one layout: the host
+    draws their initial factors once (``shared_draws``), each fit training
+    its own copy; the bits are those of a fit that drew them itself (the
+    tests above compare the chosen models with plain fits)."""
+    from sklearn_cuwide import _state
+
+    calls = []
+    orig = _state.draw_factors
+    monkeypatch.setattr(_state, "draw_factors",
+                        lambda *a, **k: calls.append(1) or orig(*a, **k))
+    X, y = _data()
+    GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu").fit(X, y)
+    assert len(calls) == 2  # the choice's four fits, then the fit of all rows
+    calls.clear()
+    X, y = _data(n=10_000, seed=4)
+    GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu").fit(X, y)
+    assert len(calls) == 1  # the four fits on early stopping's split are the fit
+
+
+def test_shared_draws_gives_copies_of_one_kept_draw():
+    from sklearn_cuwide._backends import _cpu
+    from sklearn_cuwide._state import ModelState, shared_draws
+
+    order = np.random.default_rng(0).permutation(50)
+    st = ModelState.zeros(50, 1, 3, adagrad=True, init_scale=0.1, random_state=5, draw=False)
+    plain = st.put_in_layout_order(order, _cpu).V
+    with shared_draws():
+        a = st.put_in_layout_order(order, _cpu).V
+        b = st.put_in_layout_order(order, _cpu).V
+        other = st.put_in_layout_order(order[::-1], _cpu).V  # another order: drawn
+        again = st.put_in_layout_order(order, _cpu).V  # one draw kept: drawn again
+    for v in (a, b, again):
+        np.testing.assert_array_equal(v.view(np.uint32), plain.view(np.uint32))
+    assert a is not b and not np.shares_memory(a, b)
+    np.testing.assert_array_equal(other, plain[::-1])
+    a[...] = 0  # a fit trains its own copy
+    np.testing.assert_array_equal(b, plain)
