@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["PARALLEL_BYTES", "host_threads", "take_rows", "all_finite", "copy_rows"]
+__all__ = ["PARALLEL_BYTES", "host_threads", "each_run", "take_rows", "all_finite",
+           "copy_rows"]
 
 #: arrays smaller than this are one numpy call (threads cost more than they save)
 PARALLEL_BYTES = 1 << 26
@@ -45,6 +46,13 @@ def _each(fn, runs):
         return [fn(*runs[0])]
     with ThreadPoolExecutor(len(runs)) as pool:
         return list(pool.map(lambda r: fn(*r), runs))
+
+
+def each_run(n_rows, nbytes, fn):
+    """``fn(start, stop)`` over runs covering ``n_rows`` rows (one per
+    thread when ``nbytes``, what the pass touches, is large); their results
+    in order.  ``fn`` must write disjoint rows."""
+    return _each(fn, _runs(n_rows, nbytes))
 
 
 def take_rows(a, index, out=None):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._host import take_rows
+from . import _host
 from ._loss import LOSSES
 
 __all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS",
@@ -226,11 +226,21 @@ def draw_factors(xp, seed, scale, features, n_factors, dtype=np.float32,
     V = xp.empty((n, k), dtype=dtype)
     table = xp.asarray(_quantile_table())
     ks = xp.arange(k, dtype=xp.int64)
-    step = max(1, int(chunk) // max(k, 1))
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        counter = features[a:b, None].astype(xp.int64) * k + ks[None, :]
-        V[a:b] = (counter_normal(xp, seed, counter, table) * float(scale)).astype(dtype)
+    # on the host the rows are drawn in runs on every core, the chunk
+    # shared among them (the temporaries stay within ``chunk`` values)
+    threads = _host.host_threads() if xp is np else 1
+    step = max(1, int(chunk) // max(k, 1) // threads)
+
+    def draw(a0, a1):
+        for a in range(a0, a1, step):
+            b = min(a1, a + step)
+            counter = features[a:b, None].astype(xp.int64) * k + ks[None, :]
+            V[a:b] = (counter_normal(xp, seed, counter, table) * float(scale)).astype(dtype)
+
+    if xp is np:
+        _host.each_run(n, V.nbytes, draw)
+    else:
+        draw(0, n)
     return V
 
 
@@ -321,7 +331,7 @@ class ModelState:
             if a is None:
                 setattr(out, k, None)
             elif xp is np:  # on the host: the rows taken on every core
-                setattr(out, k, take_rows(a, index))
+                setattr(out, k, _host.take_rows(a, index))
             else:
                 setattr(out, k, xp.ascontiguousarray(a[index]))
         out.b = self.b

@@ -1,6 +1,8 @@
 """The threaded host passes (``_host``) against numpy's own, with the
 threshold lowered so that small arrays are cut into runs on threads."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -64,3 +66,27 @@ def test_runs_cover_the_rows_once(monkeypatch):
     assert len(runs) == 4 and runs[0][0] == 0 and runs[-1][1] == 10
     assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
     assert _host._runs(2, _host.PARALLEL_BYTES) == [(0, 1), (1, 2)]
+
+
+def test_draw_factors_on_threads_draws_the_same_bits(runs):
+    """The host draw of initial factors in runs on threads (``runs``: the
+    threshold lowered, three threads) against one run of small chunks: a
+    feature's values depend on its id alone."""
+    from sklearn_cuwide._state import draw_factors
+
+    features = np.random.default_rng(2).permutation(3001).astype(np.int64)
+    got = draw_factors(np, 7, 0.1, features, 5, chunk=1000)
+    with _one_run():
+        want = draw_factors(np, 7, 0.1, features, 5, chunk=37)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@contextlib.contextmanager
+def _one_run():
+    """One run whatever the size (the threshold and threads restored after)."""
+    saved = _host.PARALLEL_BYTES, _host.host_threads
+    _host.PARALLEL_BYTES, _host.host_threads = 1 << 62, (lambda: 1)
+    try:
+        yield
+    finally:
+        _host.PARALLEL_BYTES, _host.host_threads = saved
