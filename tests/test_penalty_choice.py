@@ -126,16 +126,26 @@ def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
     then the choice as a stage; the warnings are the kept fit's, once."""
     from sklearn.exceptions import ConvergenceWarning
 
-    X, y = _data(n=10_000, seed=4)
+    fm, lines, out, seen = _logged_choice(capsys, 1, n=10_000, seed=4)
+    assert all("validation loss" in s for s in lines)
+    assert len([w for w in seen if issubclass(w.category, ConvergenceWarning)]) == 1
+
+
+def _logged_choice(capsys, max_iter, **data):
+    """A verbose fit with the defaults' choice on ``_data(**data)``: the
+    model, its lines of the multipliers (checked: one per multiplier, in
+    order, then the choice as a stage), its output and its warnings."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = _data(**data)
     with pytest.warns(ConvergenceWarning) as seen:
-        fm = GPUFactorizationMachine(n_factors=4, max_iter=1, random_state=0, device="cpu",
-                                     verbose=1).fit(X, y)
+        fm = GPUFactorizationMachine(n_factors=4, max_iter=max_iter, random_state=0,
+                                     device="cpu", verbose=1).fit(X, y)
     out = capsys.readouterr().out
     lines = [s for s in out.splitlines() if s.startswith("Penalty multiplier ")]
     assert [s.split()[2].rstrip(":") for s in lines] == [f"{m:g}" for m in PENALTY_MULTIPLIERS]
-    assert all("validation loss" in s for s in lines)
     assert f"Stage: penalty choice (multiplier {fm.penalty_multiplier_:g})" in out
-    assert len([w for w in seen if issubclass(w.category, ConvergenceWarning)]) == 1
+    return fm, lines, out, list(seen)
 
 
 def test_multiclass_and_continued_fits_keep_their_multiplier():
@@ -163,14 +173,8 @@ def test_the_log_shows_each_multiplier_and_the_warning_does_not_advise_early_sto
     from sklearn.exceptions import ConvergenceWarning
 
     X, y = _data()
-    with pytest.warns(ConvergenceWarning) as seen:
-        fm = GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
-                                     verbose=1).fit(X, y)
-    out = capsys.readouterr().out
-    lines = [s for s in out.splitlines() if s.startswith("Penalty multiplier ")]
-    assert [s.split()[2].rstrip(":") for s in lines] == [f"{m:g}" for m in PENALTY_MULTIPLIERS]
+    _, lines, _, seen = _logged_choice(capsys, 2)
     assert all("held-out log loss" in s and "rows in" in s for s in lines)
-    assert f"Stage: penalty choice (multiplier {fm.penalty_multiplier_:g})" in out
     assert not any("early_stopping=True" in str(w.message) for w in seen)
     with pytest.warns(ConvergenceWarning, match="early_stopping=True"):  # not chosen
         GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
