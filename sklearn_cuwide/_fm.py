@@ -36,6 +36,7 @@ from ._minibatch import (
     validation_attrs,
 )
 from ._penalty_choice import (
+    PENALTY_MULTIPLIERS,
     choose_among_fits,
     choose_penalty_multiplier,
     penalty_choice_mode,
@@ -136,7 +137,9 @@ _FM_PARAMS_DOC = """
         Above 0, print one line per setup stage (input checks, the layout,
         the initial state, ...) with its time, then one per epoch: loss,
         validation loss, and the samples per second over the whole fit so
-        far.
+        far.  A fit that chooses its penalty multiplier prints a line for
+        each multiplier's fit; from 2, also those fits' own stages and
+        epochs, each line marked with its multiplier.
 """
 
 _CLASS_WEIGHT_DOC = """    class_weight : dict, "balanced" or None, default=None
@@ -471,6 +474,13 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             self.alpha, self.beta, self.early_stopping, y_idx, len(targets), None)
         if mode is None:
             return 1.0, None, None
+        if progress is not None:
+            what = ("each on four fifths of the rows, scored on the fifth left out, then "
+                    "the fit of all rows with the best" if mode == "held_out" else
+                    "scored on early stopping's validation split, the best kept")
+            ms = ", ".join(f"{m:g}" for m in PENALTY_MULTIPLIERS)
+            progress.note(f'Penalty choice: one fit per multiplier {ms} of the "auto" '
+                          f"penalties, {what} (alpha and beta set to numbers skip it)")
         if mode == "held_out":
             m, results = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress), None
         else:
@@ -507,8 +517,10 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         split_seed, fit_seed = self._choice_seeds()
 
         def fit(Xs, t, s, strat, m):
+            part = FitProgress(0) if progress is None else progress.part(
+                f"[multiplier {m:g}] ")
             res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
-                                  partial=False, progress=FitProgress(0), multiplier=m,
+                                  partial=False, progress=part, multiplier=m,
                                   random_state=fit_seed)
             return res[0].state
 
@@ -529,12 +541,14 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         _, fit_seed = self._choice_seeds()
 
         def fit(m):
+            part = FitProgress(0) if progress is None else progress.part(
+                f"[multiplier {m:g}] ")
             res = self._fit_heads(X, targets, sw, backend, None, stratify=y_idx,
-                                  partial=False, progress=FitProgress(0), multiplier=m,
+                                  partial=False, progress=part, multiplier=m,
                                   chosen=m, random_state=fit_seed)
             r = res[0]
             kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
-            return res, r.validation_curve[kept - 1]
+            return res, r.validation_curve[kept - 1], f"at epoch {kept} of {r.n_iter}"
 
         with shared_draws():
             m, results, _ = choose_among_fits(fit, progress)

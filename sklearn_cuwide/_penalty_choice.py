@@ -48,8 +48,8 @@ MIN_CLASS_ROWS = 5
 #: 0.004 was its 1,000-row set), and the four fits cost most where a fit is
 #: fast anyway
 MIN_ROWS = 2_000
-#: the rows from which a fit no longer chooses: the choice costs four fits,
-#: and the study's sets that gained from it reach 100,000 rows (above, the
+#: the most training rows that choose: the choice costs four fits, and the
+#: study's sets that gained from it reach 100,000 rows (above, the
 #: defaults' penalty stands)
 MAX_ROWS = 100_000
 
@@ -67,7 +67,7 @@ def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm):
         return None
     labels = np.asarray(stratify, dtype=np.intp)
     n = labels.shape[0]
-    if not MIN_ROWS <= n < MAX_ROWS:
+    if not MIN_ROWS <= n <= MAX_ROWS:
         return None
     counts = np.bincount(labels)
     counts = counts[counts > 0]
@@ -125,23 +125,24 @@ def choose_among_fits(fit, progress=None):
     result, and each one's loss.
 
     ``fit(m)``: the estimator's fit of all its rows with multiplier ``m``
-    and early stopping, returning ``(result, loss)``, ``loss`` the
-    validation loss of the epoch it kept.  The warnings of the fit kept are
-    given again once it is known; the others' are dropped.  ``progress``:
-    the fit's log, which gets one line per multiplier."""
+    and early stopping, returning ``(result, loss, kept)``, ``loss`` the
+    validation loss of the epoch it kept, ``kept`` the words for that
+    epoch.  The warnings of the fit kept are given again once it is known;
+    the others' are dropped.  ``progress``: the fit's log, which gets one
+    line per multiplier."""
     best = None
     losses = []
     for m in PENALTY_MULTIPLIERS:
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result, loss = fit(m)
+            result, loss, kept = fit(m)
         losses.append(float(loss))
         if best is None or losses[-1] < best[2]:
             best = (m, result, losses[-1], caught)
         if progress is not None:
             progress.note(f"Penalty multiplier {m:g}: validation loss {losses[-1]:.6f} "
-                          f"(fit in {time.perf_counter() - t0:.3f} s)")
+                          f"{kept} (fit in {time.perf_counter() - t0:.3f} s)")
     m, result, _, caught = best
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -512,6 +512,38 @@ class FitProgress:
                     f"(rows times passes over them), {rate:,.0f} samples/s")
 
 
+    def part(self, prefix):
+        """A progress for a part of this fit (each fit of the penalty
+        choice): its lines start with ``prefix`` and print from
+        ``verbose=2`` (at 1 the caller sums the part up in a line of its
+        own), its rows count in this fit's samples and its rates are this
+        fit's."""
+        return _PartProgress(self, prefix)
+
+
+class _PartProgress(FitProgress):
+    """:meth:`FitProgress.part`'s progress."""
+
+    def __init__(self, parent, prefix):
+        super().__init__(parent.verbose if parent.verbose >= 2 else 0)
+        self.parent, self.prefix = parent, prefix
+
+    def _print(self, line):
+        if self.verbose:
+            print(self.prefix + line, flush=True)
+
+    def _rate(self, now):
+        return self.parent._rate(now)
+
+    def step(self, label, detail, n_samples):
+        self.parent.samples += int(n_samples)
+        super().step(label, detail, 0)
+
+    def iteration(self, it, detail, n_samples):
+        self.parent.samples += int(n_samples)
+        super().iteration(it, detail, 0)
+
+
 def _kernel_seconds():
     """Seconds this process spent getting kernel modules so far (0 without
     the CUDA backend's kernels: nothing imports cupy here)."""

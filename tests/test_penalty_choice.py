@@ -91,8 +91,8 @@ def test_when_the_choice_applies():
     assert penalty_choice_mode(*args, y, 1, None) == "held_out"
     big = np.r_[np.zeros(5000, int), np.ones(5000, int)]  # early stopping's size
     assert penalty_choice_mode(*args, big, 1, None) == "validation"
-    top = np.r_[np.zeros(MAX_ROWS // 2, int), np.ones(MAX_ROWS // 2, int)]
-    assert penalty_choice_mode(*args, top[1:], 1, None) == "validation"
+    top = np.r_[np.zeros(MAX_ROWS // 2, int), np.ones(MAX_ROWS // 2 + 1, int)]
+    assert penalty_choice_mode(*args, top[1:], 1, None) == "validation"  # 100,000 rows
     assert not penalty_choice_applies(*args, top, 1, None)  # the four fits cost too much
     assert not penalty_choice_applies("auto", "auto", False, y, 1, None)
     assert not penalty_choice_applies("auto", "auto", True, big, 1, None)
@@ -126,15 +126,19 @@ def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
     then the choice as a stage; the warnings are the kept fit's, once."""
     from sklearn.exceptions import ConvergenceWarning
 
-    fm, lines, out, seen = _logged_choice(capsys, 1, n=10_000, seed=4)
-    assert all("validation loss" in s for s in lines)
+    fm, lines, out, seen = _logged_choice(capsys, 2, n=10_000, seed=4)
+    assert all("validation loss" in s and " of 2 (fit in" in s for s in lines)
     assert len([w for w in seen if issubclass(w.category, ConvergenceWarning)]) == 1
+    assert "scored on early stopping's validation split, the best kept" in out
+    # the rows every fit's epochs processed: 9,000 training rows, 2 epochs, 4 fits
+    assert "Fit: " in out and " 72,000 samples processed" in out
 
 
 def _logged_choice(capsys, max_iter, **data):
     """A verbose fit with the defaults' choice on ``_data(**data)``: the
-    model, its lines of the multipliers (checked: one per multiplier, in
-    order, then the choice as a stage), its output and its warnings."""
+    model, its lines of the multipliers (checked: a line saying what the
+    choice does and how to skip it, one line per multiplier in order, then
+    the choice as a stage), its output and its warnings."""
     from sklearn.exceptions import ConvergenceWarning
 
     X, y = _data(**data)
@@ -144,7 +148,10 @@ def _logged_choice(capsys, max_iter, **data):
     out = capsys.readouterr().out
     lines = [s for s in out.splitlines() if s.startswith("Penalty multiplier ")]
     assert [s.split()[2].rstrip(":") for s in lines] == [f"{m:g}" for m in PENALTY_MULTIPLIERS]
+    assert "Penalty choice: one fit per multiplier 1, 3, 10, 30" in out
+    assert "(alpha and beta set to numbers skip it)" in out
     assert f"Stage: penalty choice (multiplier {fm.penalty_multiplier_:g})" in out
+    assert "[multiplier" not in out  # the fits' own lines from verbose=2
     return fm, lines, out, list(seen)
 
 

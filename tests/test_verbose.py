@@ -278,3 +278,21 @@ def test_the_training_loss_rule_says_when_it_stopped(binary, capsys, dask):
         warnings.simplefilter("ignore", ConvergenceWarning)
         GPUFactorizationMachine(max_iter=2, **kw).fit(X, y)
     assert not [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Stopped")]
+
+
+def test_a_parts_lines_are_prefixed_from_verbose_2_and_its_rows_count_in_the_fit(capsys):
+    """FitProgress.part (each fit of the penalty choice): its lines start
+    with the prefix and print from verbose=2 only; its rows count in the
+    whole fit's samples either way."""
+    for verbose, shown in ((1, False), (2, True)):
+        whole = FitProgress(verbose)
+        part = whole.part("[multiplier 3] ")
+        part.stage("layout")
+        part.step("Epoch 1/1", "loss 0.5", 10)
+        whole.step("Epoch 1/1", "loss 0.4", 5)
+        whole.finish()
+        out = capsys.readouterr().out
+        assert ("[multiplier 3] Stage: layout in" in out) is shown
+        assert ("[multiplier 3] Epoch 1/1 in" in out) is shown
+        assert "\nEpoch 1/1 in" in out or out.startswith("Epoch 1/1 in")
+        assert " 15 samples processed" in out
