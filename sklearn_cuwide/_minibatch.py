@@ -208,7 +208,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
                        early_stopping_advice=advise_early_stopping and va is None
                        and _early_stopping_possible(X.shape[0], schedule.holdout_fraction,
-                                                    stratify))
+                                                    stratify),
+                       chosen_at_max_iter=not advise_early_stopping and va is None)
     return results
 
 
@@ -401,7 +402,8 @@ def _can_stratify(early_stopping, stratify):
     )
 
 
-def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False):
+def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
+                   chosen_at_max_iter=False):
     """A ConvergenceWarning, as scikit-learn's SGDClassifier warns, when a
     stopping rule was active (``tol`` not None) and a head ran all
     ``max_iter`` epochs without it being met.
@@ -411,11 +413,21 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False):
     still falling after ``max_iter`` epochs is as often a model fitting its
     training rows ever closer (an FM on a few thousand rows) as one short of
     its optimum: the warning then names early stopping first, since more
-    epochs would only fit them closer."""
+    epochs would only fit them closer.  ``chosen_at_max_iter``: the rule
+    watched the training loss of a fit whose penalty was chosen on held-out
+    rows at this ``max_iter`` (early stopping would turn the choice off):
+    the warning says that more epochs fit the training rows closer, not
+    that they improve the model."""
     if tol is None:
         return
     if any(r.n_iter >= max_iter for r in results):
-        if early_stopping_advice:
+        if chosen_at_max_iter:
+            advice = (
+                "The training loss was still falling; its penalty was chosen on "
+                "held-out rows for this max_iter, and more epochs fit the training "
+                "rows closer, which need not predict better. Set tol=None to run "
+                "max_iter epochs without this warning.")
+        elif early_stopping_advice:
             advice = (
                 "The training loss was still falling: set early_stopping=True to "
                 "stop on the loss of a held-out part of the data (and keep its "

@@ -183,6 +183,9 @@ def test_the_log_shows_each_multiplier_and_the_warning_does_not_advise_early_sto
     _, lines, _, seen = _logged_choice(capsys, 2)
     assert all("held-out log loss" in s and "rows in" in s for s in lines)
     assert not any("early_stopping=True" in str(w.message) for w in seen)
+    # nor more epochs as a better model: the penalty was chosen for these
+    assert any("need not predict better" in str(w.message) for w in seen)
+    assert not any("improve the fit" in str(w.message) for w in seen)
     with pytest.warns(ConvergenceWarning, match="early_stopping=True"):  # not chosen
         GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0, device="cpu",
                                 alpha=1e-4).fit(X, y)
