@@ -11,6 +11,7 @@ from ._config import config_context, get_config, set_config
 from ._fm import GPUFactorizationMachine, GPUFactorizationMachineRegressor
 from ._logistic import GPULogisticRegression
 from ._memory import InsufficientMemoryError
+from ._read_ahead import read_ahead
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "GPUFactorizationMachine",
     "GPUFactorizationMachineRegressor",
     "InsufficientMemoryError",
+    "read_ahead",
     "config_context",
     "get_config",
     "set_config",

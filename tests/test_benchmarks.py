@@ -720,6 +720,10 @@ def test_out_of_core_harness_smoke(tmp_path):
         assert part["read_s"] > 0 and part["partial_fit_s"] > 0
         assert 0.5 < part["test_auc"] <= 1.0
         assert f"partial_fit from {reader} files" in out_of_core.table(res)
+    # the recipe through read_ahead: the same model as the loop without it
+    ahead = res["partial"]["npz_read_ahead"]
+    assert ahead["wall_s"] > 0 and ahead["test_auc"] == res["partial"]["npz"]["test_auc"]
+    assert "with read_ahead" in out_of_core.table(res)
     # the pool's peaks: what a wrapped allocator sees (a stand-in pool)
     pool = _StandInPool()
     def previous(n):
