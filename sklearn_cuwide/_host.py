@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["PARALLEL_BYTES", "host_threads", "each_run", "take_rows", "all_finite",
-           "copy_rows"]
+__all__ = ["PARALLEL_BYTES", "host_threads", "run_count", "each_run", "take_rows",
+           "all_finite", "copy_rows"]
 
 #: arrays smaller than this are one numpy call (threads cost more than they save)
 PARALLEL_BYTES = 1 << 26
@@ -48,6 +48,11 @@ def _each(fn, runs):
         return list(pool.map(lambda r: fn(*r), runs))
 
 
+def run_count(n_rows, nbytes):
+    """How many runs (threads) a pass of ``nbytes`` over ``n_rows`` rows takes."""
+    return len(_runs(n_rows, nbytes))
+
+
 def each_run(n_rows, nbytes, fn):
     """``fn(start, stop)`` over runs covering ``n_rows`` rows (one per
     thread when ``nbytes``, what the pass touches, is large); their results
@@ -62,6 +67,8 @@ def take_rows(a, index, out=None):
     index = np.asarray(index)
     if index.size == 0:  # an empty list is float to numpy
         index = index.astype(np.intp)
+    if index.dtype.kind not in "iu":
+        raise TypeError(f"take_rows takes integer indices, not {index.dtype}")
     n = a.shape[0]
     if index.size and (int(index.min()) < -n or int(index.max()) >= n):
         raise IndexError(f"an index is out of range for {n} rows")
@@ -84,9 +91,12 @@ def all_finite(a):
 
 
 def copy_rows(dst, src):
-    """``dst[...] = src`` (same shape)."""
+    """``dst[...] = src`` (same shape; the two must not overlap: the runs
+    are copied at once)."""
     if dst.shape != src.shape:
         raise ValueError(f"shapes differ: {dst.shape} and {src.shape}")
+    if np.may_share_memory(dst, src):
+        raise ValueError("copy_rows copies between arrays that do not overlap")
     if dst.ndim == 0:
         dst[...] = src
         return dst

@@ -32,6 +32,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
+from ._warn import warn
 
 __all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "MIN_ROWS", "MAX_ROWS",
            "penalty_choice_mode", "penalty_choice_applies", "choose_penalty_multiplier",
@@ -127,9 +128,11 @@ def choose_among_fits(fit, progress=None):
     ``fit(m)``: the estimator's fit of all its rows with multiplier ``m``
     and early stopping, returning ``(result, loss, kept)``, ``loss`` the
     validation loss of the epoch it kept, ``kept`` the words for that
-    epoch.  The warnings of the fit kept are given again once it is known;
-    the others' are dropped.  ``progress``: the fit's log, which gets one
-    line per multiplier."""
+    epoch.  The ``ConvergenceWarning`` s of the fit kept are given again
+    once it is known, attributed to the user's call as the package's
+    warnings are (so that the user's filters apply); the others' are
+    dropped; any other warning is given as it comes.  ``progress``: the
+    fit's log, which gets one line per multiplier."""
     best = None
     losses = []
     for m in PENALTY_MULTIPLIERS:
@@ -137,13 +140,18 @@ def choose_among_fits(fit, progress=None):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result, loss, kept = fit(m)
+        own = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+        for w in caught:
+            if not issubclass(w.category, ConvergenceWarning):
+                warn(w.message, w.category)
         losses.append(float(loss))
         if best is None or losses[-1] < best[2]:
-            best = (m, result, losses[-1], caught)
+            best = (m, result, losses[-1], own)
+        result = caught = own = None  # only the best fit's model stays
         if progress is not None:
             progress.note(f"Penalty multiplier {m:g}: validation loss {losses[-1]:.6f} "
                           f"{kept} (fit in {time.perf_counter() - t0:.3f} s)")
-    m, result, _, caught = best
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    m, result, _, own = best
+    for w in own:
+        warn(w.message, w.category)
     return m, result, losses

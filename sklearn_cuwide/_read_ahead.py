@@ -55,27 +55,35 @@ def read_ahead(chunks, ahead=1):
 
 
 def _read_ahead(it, ahead):
-    """:func:`read_ahead`'s generator (its arguments checked at the call)."""
-    waiting = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
+    """:func:`read_ahead`'s generator (its arguments checked at the call).
 
-    def put(entry):
-        while not stop.is_set():
-            try:
-                waiting.put(entry, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+    A semaphore of ``ahead`` permits bounds the items read or being read
+    and not yet taken by the loop: the reader takes one before each read,
+    the loop gives it back when it takes the item."""
+    waiting = queue.Queue()
+    permits = threading.Semaphore(ahead)
+    stop = threading.Event()
 
     def read():
         try:
-            for item in it:
-                if not put((True, item)):
+            while True:
+                while not permits.acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
                     return
-            put((True, _END))
+                try:
+                    item = next(it)
+                except StopIteration:
+                    waiting.put((True, _END))
+                    return
+                waiting.put((True, item))
         except BaseException as exc:  # given to the loop, where the item would come
-            put((False, exc))
+            waiting.put((False, exc))
+        finally:
+            close = getattr(it, "close", None)  # a generator's files, say
+            if close is not None:
+                close()
 
     reader = threading.Thread(target=read, name="sklearn_cuwide-read-ahead", daemon=True)
     reader.start()
@@ -86,6 +94,7 @@ def _read_ahead(it, ahead):
                 raise item
             if item is _END:
                 return
+            permits.release()
             yield item
     finally:
         stop.set()

@@ -228,7 +228,7 @@ def draw_factors(xp, seed, scale, features, n_factors, dtype=np.float32,
     ks = xp.arange(k, dtype=xp.int64)
     # on the host the rows are drawn in runs on every core, the chunk
     # shared among them (the temporaries stay within ``chunk`` values)
-    threads = _host.host_threads() if xp is np else 1
+    threads = _host.run_count(n, V.nbytes) if xp is np else 1
     step = max(1, int(chunk) // max(k, 1) // threads)
 
     def draw(a0, a1):

@@ -71,6 +71,10 @@ def test_cpu_to_host_writes_into_out():
     out = np.zeros_like(a)
     assert _cpu.to_host(a, out=out) is out
     np.testing.assert_array_equal(out, a)
+    # as CuPy's get(out=): no broadcasting, no casting
+    for bad in (np.zeros((3, 1)), np.zeros((3, 2), dtype=np.float32)):
+        with pytest.raises(ValueError, match="out is"):
+            _cpu.to_host(a, out=bad)
 
 
 @pytest.mark.gpu

@@ -90,3 +90,11 @@ def _one_run():
         yield
     finally:
         _host.PARALLEL_BYTES, _host.host_threads = saved
+
+
+def test_take_rows_refuses_a_mask_and_copy_rows_overlapping_arrays():
+    a = np.arange(10.0)
+    with pytest.raises(TypeError, match="integer indices"):
+        _host.take_rows(a, a > 4)
+    with pytest.raises(ValueError, match="do not overlap"):
+        _host.copy_rows(a[1:], a[:-1])

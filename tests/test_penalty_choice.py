@@ -5,6 +5,9 @@ fits, the least held-out log loss, then the fit of all rows with that
 multiplier; from there the four fits with early stopping, the one of least
 validation loss kept."""
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.base import clone
@@ -128,7 +131,19 @@ def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
 
     fm, lines, out, seen = _logged_choice(capsys, 2, n=10_000, seed=4)
     assert all("validation loss" in s and " of 2 (fit in" in s for s in lines)
-    assert len([w for w in seen if issubclass(w.category, ConvergenceWarning)]) == 1
+    mine = [w for w in seen if issubclass(w.category, ConvergenceWarning)]
+    assert len(mine) == 1
+    # given again as the package gives its warnings: at the user's call, so
+    # that a filter on the user's module applies
+    assert mine[0].filename == __file__
+    X, y = _data(n=10_000, seed=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=ConvergenceWarning,
+                                module=re.escape(__name__))
+        GPUFactorizationMachine(n_factors=4, max_iter=2, random_state=0,
+                                device="cpu").fit(X, y)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert "scored on early stopping's validation split, the best kept" in out
     # the rows every fit's epochs processed: 9,000 training rows, 2 epochs, 4 fits
     assert "Fit: " in out and " 72,000 samples processed" in out

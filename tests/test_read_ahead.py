@@ -38,8 +38,8 @@ def test_the_next_item_is_read_while_the_loop_works():
             time.sleep(0.005)  # the loop's work
         assert len(read) == min(i + 2, 4)
         time.sleep(0.02)
-        # one item waiting and one being read at most: none beyond
-        assert len(read) <= i + 3
+        # the item in the loop and one read ahead: none beyond
+        assert len(read) <= i + 2
 
 
 def test_an_error_while_reading_comes_where_its_item_would():
@@ -74,3 +74,19 @@ def test_leaving_early_stops_the_reads():
 def test_ahead_is_checked_at_the_call(ahead):
     with pytest.raises(ValueError, match="ahead must be an int >= 1"):
         read_ahead([1], ahead=ahead)
+
+
+def test_leaving_early_closes_the_source():
+    closed = threading.Event()
+
+    def chunks():
+        try:
+            for i in range(1000):
+                yield i
+        finally:
+            closed.set()
+
+    for i in read_ahead(chunks(), ahead=2):
+        if i == 1:
+            break
+    assert closed.wait(5)

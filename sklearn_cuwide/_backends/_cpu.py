@@ -100,8 +100,10 @@ def to_device(a):
 
 
 def to_host(a, out=None):
-    if out is not None:
-        out[...] = a
+    if out is not None:  # as strict as CuPy's get(out=): same shape and dtype
+        if out.shape != a.shape or out.dtype != a.dtype:
+            raise ValueError(f"out is {out.shape} {out.dtype}, the array {a.shape} {a.dtype}")
+        np.copyto(out, a, casting="no")
         return out
     return a
 
