@@ -260,7 +260,8 @@ def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_
     A mark per feature (the window that last took it) counts a mini-batch's
     new features in time proportional to its own: no union of the growing
     window's set per mini-batch, whose cost would grow with the window."""
-    mark = np.full(int(sets.ids.max(initial=-1)) + 1, -1, dtype=np.int64)
+    # int32: half the bytes of the feature-sized array made every epoch
+    mark = np.full(int(sets.ids.max(initial=-1)) + 1, -1, dtype=np.int32)
     windows, cur, parts = [], [], []
     size = nnz = 0
     for bt in np.asarray(batch_order, dtype=np.int64):
