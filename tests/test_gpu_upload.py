@@ -673,3 +673,28 @@ def test_gpu_copy_waits_for_a_kernel_still_writing_its_block():
     up.acquire(slot, cp.cuda.get_current_stream())
     up.close()
     np.testing.assert_array_equal(dst.get(), src)
+
+
+# --------------------------------------------------------------------------
+# CPU: the way back, through page-locked memory, with the stand-in
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1000, 7), (5003,), (1, 1)])
+def test_download_through_a_pinned_buffer_is_the_array(shape, monkeypatch):
+    """download: pieces of the device array through one pinned buffer (a
+    piece size that does not divide the array), a strided array made
+    contiguous first; a small array by one copy."""
+    up = _upload_module()
+    fake = _FakeCupy()
+    rng = np.random.default_rng(1)
+    host = rng.standard_normal(shape).astype(np.float32)
+    dev = host.view(_Dev)
+    monkeypatch.setattr(up, "DOWNLOAD_MIN_BYTES", 1)
+    got = up.download(fake, dev, chunk_bytes=4 * 333)
+    assert type(got) is np.ndarray and got.dtype == host.dtype and got.shape == host.shape
+    np.testing.assert_array_equal(got, host)
+    if host.ndim == 2:  # a strided view (a packed Adagrad sum, say)
+        view = dev[:, 2:5]
+        np.testing.assert_array_equal(up.download(fake, view, chunk_bytes=4 * 100),
+                                      host[:, 2:5])
+    monkeypatch.setattr(up, "DOWNLOAD_MIN_BYTES", 1 << 40)
+    np.testing.assert_array_equal(up.download(fake, dev), host)

@@ -15,6 +15,7 @@ from ... import _memory
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
+from . import _upload
 from ._validate import check_index_width
 
 #: a null device pointer, for the kernels' optional arrays
@@ -248,9 +249,7 @@ def put_csr(X, dtype=None):
         X = canonical_csr(X)  # canonical on the host, then copied
         check_index_width(X)  # an older cupy would cast its indices to int32
         if X.nnz >= PINNED_UPLOAD_NNZ:  # pageable copies run at a fraction of pinned ones
-            from ._upload import upload_csr
-
-            indptr, indices, data = upload_csr(X, cp)
+            indptr, indices, data = _upload.upload_csr(X, cp)
             X = cpsp.csr_matrix((data, indices, indptr.astype(indices.dtype)),
                                 shape=X.shape)
         else:
@@ -292,7 +291,10 @@ def put_state(state):
 
 
 def get_state(state):
+    """A device state as numpy, its large arrays through page-locked memory
+    (:func:`._upload.download`)."""
     out = ModelState(w=None, b=None)
     for k, a in state.arrays().items():
-        setattr(out, k, cp.asnumpy(a))
+        setattr(out, k, _upload.download(cp, a) if isinstance(a, cp.ndarray)
+                else np.asarray(a))
     return out
