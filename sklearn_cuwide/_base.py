@@ -610,10 +610,9 @@ class _CuWideEstimator(BaseEstimator):
             need = sum(int(a.nbytes) for head in heads for a in head if a is not None)
             if need > budget:
                 return
-            if get_config()["device_memory_limit"] is not None:
-                # the fit's freed blocks go back first: under a limit the
-                # device would hold them besides the model copied in
-                backend.release_cached()
+            # the fit's freed blocks go back first: under a limit the device
+            # would hold them besides the model copied in
+            backend.release_cached()
         self._gpu_cache = {
             "backend": backend,
             "src": self._public_arrays(),

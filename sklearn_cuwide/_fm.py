@@ -45,6 +45,12 @@ from ._state import FitProgress, ModelState, StepParams, shared_draws
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 
+
+def _choice_part(progress, m):
+    """The log of the penalty choice's fit at multiplier ``m``: a part of
+    the fit's own (its lines marked with ``m``), or silent without one."""
+    return FitProgress(0) if progress is None else progress.part(f"[multiplier {m:g}] ")
+
 _FM_PARAMS_DOC = """
     n_factors : int, default=8
         Length of each feature's factor vector (the rank of the pairwise
@@ -58,9 +64,9 @@ _FM_PARAMS_DOC = """
         "auto" penalties by 1, 3, 10 or 30, the one with the least held-out
         log loss: on a fifth of its rows held out below 10,000 rows (then the
         fit of all rows), else on early stopping's validation split, the
-        best of the four fits kept (``penalty_multiplier_``).  A number: the penalty per
-        mini-batch, on the features the mini-batch contains (see
-        ``scale_penalty``).
+        best of the four fits kept (``penalty_multiplier_``).  A number:
+        the penalty per mini-batch, on the features the mini-batch contains
+        (see ``scale_penalty``).
     beta : "auto" or float, default="auto"
         L2 penalty on the factors.  ``"auto"``: ``m / S`` on the full
         objective, ``m`` the mean nonzeros of a training row: a factor's
@@ -517,10 +523,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         split_seed, fit_seed = self._choice_seeds()
 
         def fit(Xs, t, s, strat, m):
-            part = FitProgress(0) if progress is None else progress.part(
-                f"[multiplier {m:g}] ")
             res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
-                                  partial=False, progress=part, multiplier=m,
+                                  partial=False, progress=_choice_part(progress, m),
+                                  multiplier=m,
                                   random_state=fit_seed)
             return res[0].state
 
@@ -541,10 +546,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         _, fit_seed = self._choice_seeds()
 
         def fit(m):
-            part = FitProgress(0) if progress is None else progress.part(
-                f"[multiplier {m:g}] ")
             res = self._fit_heads(X, targets, sw, backend, None, stratify=y_idx,
-                                  partial=False, progress=part, multiplier=m,
+                                  partial=False, progress=_choice_part(progress, m),
+                                  multiplier=m,
                                   chosen=m, random_state=fit_seed)
             r = res[0]
             kept = r.best_iteration if r.best_iteration else len(r.validation_curve)

@@ -4,48 +4,39 @@ Rule: a pass over a whole model's rows on the host (a permutation between
 the user's and the layout's feature order, the check for non-finite values,
 a copy into page-locked memory) goes through these functions: an array of
 at least :data:`PARALLEL_BYTES` is cut into contiguous runs of rows, one per
-thread, and numpy runs each run's loop without the GIL.  Why: one numpy
-call runs on one core, and a model wider than the device is several GB.
+thread of the process's host pool (the one the input checks and the
+upload's fills use), and numpy runs each run's loop without the GIL.  Why:
+one numpy call runs on one core, and a model wider than the device is
+several GB.
 """
-
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["PARALLEL_BYTES", "host_threads", "run_count", "each_run", "take_rows",
-           "all_finite", "copy_rows"]
+from ._validation import HOST_THREADS, host_pool
+
+__all__ = ["PARALLEL_BYTES", "run_count", "each_run", "take_rows", "all_finite",
+           "copy_rows"]
 
 #: arrays smaller than this are one numpy call (threads cost more than they save)
 PARALLEL_BYTES = 1 << 26
-#: most threads a pass uses (the copies are bound by memory bandwidth, which
-#: a few cores saturate)
-MAX_THREADS = 16
-
-
-def host_threads():
-    """The cores this process may run on, at most :data:`MAX_THREADS`."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        n = os.cpu_count() or 1
-    return max(1, min(n, MAX_THREADS))
 
 
 def _runs(n_rows, nbytes):
-    """``[(start, stop)]``: the rows in one run per thread (one run for a
+    """``[(start, stop)]``: the rows in one run per thread of the process's
+    host pool (:func:`sklearn_cuwide._validation.host_pool`; one run for a
     small array)."""
-    k = 1 if nbytes < PARALLEL_BYTES else min(host_threads(), max(1, int(n_rows)))
+    k = 1 if nbytes < PARALLEL_BYTES else min(HOST_THREADS, max(1, int(n_rows)))
     bounds = np.linspace(0, int(n_rows), k + 1).astype(np.int64).tolist()
     return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _each(fn, runs):
-    """``fn(start, stop)`` for every run, on threads when there are several."""
+    """``fn(start, stop)`` for every run, on the host pool's threads when
+    there are several (so never from a task of that pool: it would wait on
+    itself)."""
     if len(runs) == 1:
         return [fn(*runs[0])]
-    with ThreadPoolExecutor(len(runs)) as pool:
-        return list(pool.map(lambda r: fn(*r), runs))
+    return list(host_pool().map(lambda r: fn(*r), runs))
 
 
 def run_count(n_rows, nbytes):

@@ -18,7 +18,6 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from . import _device, _memory
-from ._config import get_config
 from ._backends import _concurrency
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
@@ -168,8 +167,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
     plan = _memory.active_plan()  # the model's rows on the device (None: all)
     model_rows = None if plan is None else plan.model_rows
-    if get_config()["device_memory_limit"] is not None:
-        backend.release_cached()  # the build's freed blocks count against the limit
+    backend.release_cached()  # under a limit the build's freed blocks count against it
     progress.stage("layout")
     # a fresh model's first steps move it most: they are taken from the
     # freshest weights, with the workers added in stages

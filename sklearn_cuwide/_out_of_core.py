@@ -333,22 +333,25 @@ class WindowStats:
     def counts(self, window):
         """The whole layout's counts of the window's features (unused
         slots: 0), counted over :attr:`n_rows` rows."""
-        r, c, out = self.n_resident, window.cold.size, self._counts
-        np.take(self.ranked, window.cold, out=out[r : r + c])
-        out[r + c :] = 0
-        return out
+        return self._slots(self._counts, self.ranked, window)
 
     def factors(self, window):
         """The penalty factors (unused slots: 0), or None."""
         if self.penalty is None:
             return None
-        r, c, out = self.n_resident, window.cold.size, self._factors
-        np.take(self.penalty, window.cold, out=out[r : r + c])
+        return self._slots(self._factors, self.penalty, window)
+
+    def _slots(self, out, whole, window):
+        """``out`` with its slots holding ``whole``'s values of the window's
+        cold features, the unused ones 0 (its resident part as it is)."""
+        r, c = self.n_resident, window.cold.size
+        np.take(whole, window.cold, out=out[r : r + c])
         out[r + c :] = 0
         return out
 
 
-def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stats=None):
+def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stats=None,
+                  cold=None):
     """The layout of ``window``'s mini-batches alone, cold ids renumbered to
     slots: feature ``f >= n_resident`` becomes ``n_resident + s`` where
     ``window.cold[s] == f``.
@@ -360,7 +363,8 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stat
     concurrency damping reads as each feature's frequency); its features are
     in layout order (``feature_order`` the identity).  ``stats``: the fit's
     :class:`WindowStats` (made here from ``penalty`` when None), whose
-    buffers the statistics are.
+    buffers the statistics are.  ``cold``: ``window.cold`` on the layout's
+    device when the caller has it there (:meth:`HostRows.device_ids`).
 
     A mini-batch's nonzeros and rows are contiguous in the layout, so the
     window's are slices of it, one per mini-batch, joined: no index array
@@ -388,7 +392,7 @@ def window_layout(layout, window, n_resident, n_slots, xp=np, penalty=None, stat
     feat = join(layout.feat)
     # the slot of every nonzero (meaningful for the cold ones), written over
     # the cold ids in place
-    slot = xp.searchsorted(xp.asarray(window.cold), feat)
+    slot = xp.searchsorted(xp.asarray(window.cold) if cold is None else cold, feat)
     slot += n_resident
     xp.copyto(feat, slot, casting="unsafe", where=feat >= n_resident)
     del slot
@@ -463,9 +467,9 @@ class HostRows:
                 setattr(state, k, backend.host_rows(getattr(state, k)))
         self._ids = (None, None)
 
-    def _device_ids(self, cold):
-        """``cold`` on the backend (kept for the :meth:`store` that follows
-        its :meth:`load`)."""
+    def device_ids(self, cold):
+        """``cold`` on the backend (kept for the window's layout, its
+        :meth:`load` and the :meth:`store` that follows)."""
         if self._ids[0] is not cold:
             self._ids = (cold, self.backend.to_device(np.asarray(cold, dtype=np.int64)))
         return self._ids[1]
@@ -476,7 +480,7 @@ class HostRows:
         r, n = self.plan.n_resident, cold.size
         pairs = [(getattr(self.state, k), getattr(self.device, k)[r : r + n])
                  for k in ROW_ARRAYS if getattr(self.state, k) is not None]
-        return self._device_ids(cold), pairs
+        return self.device_ids(cold), pairs
 
     def load(self, cold):
         """The rows of features ``cold`` (sorted, distinct, cold) into the
@@ -532,7 +536,7 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     total, done = 0.0, 0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
-                                   stats=stats)
+                                   stats=stats, cold=rows.device_ids(win.cold))
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),

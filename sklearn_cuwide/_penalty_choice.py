@@ -31,6 +31,7 @@ import warnings
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from ._loss import pointwise_loss
 from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
 from ._warn import warn
 
@@ -84,11 +85,11 @@ def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm)
 
 
 def _log_loss(t, z, sw):
-    """The weighted mean logistic loss of decision values ``z`` for 0/1
-    targets ``t``, in float64."""
-    z = np.asarray(z, dtype=np.float64).ravel()
-    t = np.asarray(t, dtype=np.float64).ravel()
-    loss = np.logaddexp(0.0, z) - t * z
+    """The weighted mean logistic loss (the solvers' own,
+    :func:`~sklearn_cuwide._loss.pointwise_loss`) of decision values ``z``
+    for 0/1 targets ``t``, in float64."""
+    z = np.asarray(z, dtype=np.float64).reshape(-1, 1)
+    loss, _ = pointwise_loss(np, z, np.asarray(t, dtype=np.float64).ravel(), "logistic")
     return float(np.sum(sw * loss) / max(float(np.sum(sw)), 1e-300))
 
 

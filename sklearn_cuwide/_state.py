@@ -511,7 +511,6 @@ class FitProgress:
         self._print(f"Fit: {total:.3f} s{where}, {self.samples:,} samples processed "
                     f"(rows times passes over them), {rate:,.0f} samples/s")
 
-
     def part(self, prefix):
         """A progress for a part of this fit (each fit of the penalty
         choice): its lines start with ``prefix`` and print from

@@ -13,7 +13,7 @@ from sklearn_cuwide import _host
 def runs(request, monkeypatch):
     if request.param:
         monkeypatch.setattr(_host, "PARALLEL_BYTES", 1)
-        monkeypatch.setattr(_host, "host_threads", lambda: 3)
+        monkeypatch.setattr(_host, "HOST_THREADS", 3)
     return request.param
 
 
@@ -60,7 +60,7 @@ def test_copy_rows_copies_and_checks_the_shape(runs):
 
 
 def test_runs_cover_the_rows_once(monkeypatch):
-    monkeypatch.setattr(_host, "host_threads", lambda: 4)
+    monkeypatch.setattr(_host, "HOST_THREADS", 4)
     assert _host._runs(10, _host.PARALLEL_BYTES - 1) == [(0, 10)]
     runs = _host._runs(10, _host.PARALLEL_BYTES)
     assert len(runs) == 4 and runs[0][0] == 0 and runs[-1][1] == 10
@@ -84,12 +84,12 @@ def test_draw_factors_on_threads_draws_the_same_bits(runs):
 @contextlib.contextmanager
 def _one_run():
     """One run whatever the size (the threshold and threads restored after)."""
-    saved = _host.PARALLEL_BYTES, _host.host_threads
-    _host.PARALLEL_BYTES, _host.host_threads = 1 << 62, (lambda: 1)
+    saved = _host.PARALLEL_BYTES, _host.HOST_THREADS
+    _host.PARALLEL_BYTES, _host.HOST_THREADS = 1 << 62, 1
     try:
         yield
     finally:
-        _host.PARALLEL_BYTES, _host.host_threads = saved
+        _host.PARALLEL_BYTES, _host.HOST_THREADS = saved
 
 
 def test_take_rows_refuses_a_mask_and_copy_rows_overlapping_arrays():

@@ -22,17 +22,18 @@ def test_the_items_come_in_order_and_are_read_on_another_thread():
     assert list(read_ahead([])) == []
 
 
+def _recorded(n, read):
+    """The items ``0 .. n - 1``, each appended to ``read`` when it is read."""
+    for i in range(n):
+        read.append(i)
+        yield i
+
+
 def test_the_next_item_is_read_while_the_loop_works():
     """With ahead=1 the reader has the next item read (and no more) while the
     loop body runs: the reads and the loop overlap, bounded."""
     read = []
-
-    def chunks():
-        for i in range(4):
-            read.append(i)
-            yield i
-
-    for i in read_ahead(chunks(), ahead=1):
+    for i in read_ahead(_recorded(4, read), ahead=1):
         deadline = time.monotonic() + 5
         while len(read) < min(i + 2, 4) and time.monotonic() < deadline:
             time.sleep(0.005)  # the loop's work
@@ -57,13 +58,7 @@ def test_an_error_while_reading_comes_where_its_item_would():
 
 def test_leaving_early_stops_the_reads():
     read = []
-
-    def chunks():
-        for i in range(1000):
-            read.append(i)
-            yield i
-
-    for i in read_ahead(chunks(), ahead=1):
+    for i in read_ahead(_recorded(1000, read), ahead=1):
         if i == 2:
             break
     time.sleep(0.3)  # the reader notices the stop after the item it reads
