@@ -535,8 +535,11 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
         stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale)
     total, done = 0.0, 0
     for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
+        # the slot search runs where the layout's nonzeros are: a layout left
+        # on the host (streamed) searches the host's ids
+        cold = rows.device_ids(win.cold) if xp is not np else None
         sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
-                                   stats=stats, cold=rows.device_ids(win.cold))
+                                   stats=stats, cold=cold)
         rows.load(win.cold)
         total += float(backend.run_epoch(
             backend.put_layout(sub), backend.to_device(y[lrows]),
