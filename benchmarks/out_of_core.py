@@ -30,7 +30,12 @@ times:
 
 Every limited fit runs with a wrapper of CuPy's pool as the allocator,
 which records the pool's peaks in use and held (cached blocks included);
-"pool within limit" compares the held peak with the limit.
+"pool within limit" compares the held peak with the limit.  Beside it,
+``nvidia-smi`` samples the device's memory in use every 20 ms through the
+fit: its peak over the figure before the fit (the CUDA context, the
+kernels already loaded) is what the fit took of the device, CuPy's pool
+and everything outside it (libraries' workspaces, modules loaded during
+the fit) together.
 """
 
 import argparse
@@ -38,7 +43,9 @@ import contextlib
 import io
 import json
 import re
+import subprocess
 import sys
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +117,45 @@ def pool_peaks(cp):
         cp.cuda.set_allocator(before)
 
 
+@contextlib.contextmanager
+def smi_peak(cp):
+    """``{"base": bytes, "peak": bytes, "samples": n}``: the device's memory
+    in use as ``nvidia-smi`` reports it (every 20 ms, one process printing
+    in a loop) before and at most during the block; empty on the CPU or
+    without ``nvidia-smi``."""
+    out = {}
+    if cp is None:
+        yield out
+        return
+    bus = cp.cuda.Device().pci_bus_id
+    cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+           "-i", bus]
+    try:
+        base = int(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.split()[0])
+        proc = subprocess.Popen(cmd + ["-lms", "20"], stdout=subprocess.PIPE, text=True)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        yield out
+        return
+    peak, n = [base], [0]
+
+    def read():
+        for line in proc.stdout:
+            if line.strip().isdigit():
+                peak[0] = max(peak[0], int(line))
+                n[0] += 1
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield out
+    finally:
+        time.sleep(0.1)  # a sample after the last allocation
+        proc.terminate()
+        reader.join(5)
+        out.update(base=base << 20, peak=peak[0] << 20, samples=n[0])
+
+
 def timed_fit(make, X, y, Xt, yt, *, limit, cp):
     """One fit under ``device_memory_limit=limit``: its wall-clock, epoch
     times, test AUC and the pool's peaks (:func:`pool_peaks`), or the
@@ -123,7 +169,7 @@ def timed_fit(make, X, y, Xt, yt, *, limit, cp):
     t0 = time.perf_counter()
     try:
         with config_context(device_memory_limit=limit), pool_peaks(cp) as peaks, \
-                contextlib.redirect_stdout(log):
+                smi_peak(cp) as smi, contextlib.redirect_stdout(log):
             est.fit(X, y)
     except Exception as exc:  # the plan's refusal, the device or pinned memory ran out
         if not (isinstance(exc, MemoryError) or "MemoryAllocation" in str(exc)):
@@ -134,7 +180,8 @@ def timed_fit(make, X, y, Xt, yt, *, limit, cp):
     return {"limit": limit, "fit_s": fit_s, "epoch_s": epoch_seconds(log.getvalue()),
             "test_auc": float(roc_auc_score(yt, est.decision_function(Xt))),
             "pool_used_peak": peaks.get("used"), "pool_held_peak": peaks.get("held"),
-            "log": log.getvalue().splitlines()}
+            "smi_over_base": smi["peak"] - smi["base"] if smi else None,
+            "smi_samples": smi.get("samples"), "log": log.getvalue().splitlines()}
 
 
 def _data(n, log2_features, seed, zipf_a=1.05, test=0.1):
@@ -165,11 +212,12 @@ def part_model(args, cp, device):
         ok = "error" not in res and "error" not in lim
         ratio = (lim["epoch_s"][-1] / res["epoch_s"][-1]
                  if ok and res["epoch_s"] and lim["epoch_s"] else None)
-        held = lim.get("pool_held_peak")
+        held, smi = lim.get("pool_held_peak"), lim.get("smi_over_base")
         out["runs"][conc] = {
             "resident": res, "limited": lim, "epoch_ratio": ratio,
             "auc_gap": res["test_auc"] - lim["test_auc"] if ok else None,
             "pool_within_limit": None if held is None else held <= args.limit,
+            "smi_within_limit": None if smi is None else smi <= args.limit,
         }
     return out
 
@@ -195,7 +243,9 @@ def part_stream(args, cp, device):
     return {"rows": X.shape[0], "layout_bytes": layout_bytes, "limit": limit, "run": run,
             "pinned_rate": rate, "stream_rate": streamed,
             "share": streamed / rate if streamed and rate else None,
-            "pool_within_limit": None if held is None else held <= limit}
+            "pool_within_limit": None if held is None else held <= limit,
+            "smi_within_limit": (None if run.get("smi_over_base") is None
+                                 else run["smi_over_base"] <= limit)}
 
 
 def part_partial(args, cp, device):
@@ -279,7 +329,9 @@ def table(res):
             L.append(f"model FM k={m['n_factors']} 2^{int(np.log2(m['features']))} "
                      f"concurrency={conc}: epoch x{_f(r['epoch_ratio'])} (target <= "
                      f"{EPOCH_RATIO_TARGET}), AUC gap {_f(r['auc_gap'], '.4f')} (target <= "
-                     f"{AUC_GAP_TARGET}), pool within limit {r['pool_within_limit']}"
+                     f"{AUC_GAP_TARGET}), pool within limit {r['pool_within_limit']}, "
+                     f"nvidia-smi {_f(r['limited'].get('smi_over_base') and r['limited']['smi_over_base'] / 1e9)}"
+                     f" GB over its start (within limit {r['smi_within_limit']})"
                      + "".join(f", {w} {r[w]['error'][:200]}" for w in ("resident", "limited")
                                if "error" in r[w]))
     s = res.get("stream")
@@ -288,6 +340,7 @@ def table(res):
                  f"layout against pinned {_f(s['pinned_rate'] and s['pinned_rate'] / 1e9)}"
                  f" GB/s: {_f(s['share'])} (target >= {STREAM_SHARE_TARGET}), fit "
                  f"{_f(s['run'].get('fit_s'))} s, pool within limit {s['pool_within_limit']}"
+                 f", nvidia-smi within limit {s['smi_within_limit']}"
                  + (f", {s['run']['error'][:200]}" if "error" in s["run"] else ""))
     p = res.get("partial")
     if p:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from ._out_of_core import MAX_WINDOW_NNZ, PIECE_ROWS, WINDOW_BYTES_PER_NNZ
+from ._out_of_core import PIECE_ROWS, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz
 
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
@@ -440,7 +440,8 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         # the cold sets are found (before the epochs) in runs of nonzeros
         # whose temporaries take at most a window's bytes: never both at once
         train["a window's layout, or the cold sets of a run of mini-batches"] = (
-            WINDOW_BYTES_PER_NNZ * min(s.nnz, MAX_WINDOW_NNZ))
+            WINDOW_BYTES_PER_NNZ * window_nnz(
+                s.nnz, rows, state_row_bytes(s.n_outputs, s.n_factors, adagrad=s.adagrad)))
         # a window's cold ids, and where the host rows are not page-locked
         # a bounded piece of one row array at a time
         train["the cold rows in transit"] = 8 * rows + min(rows, PIECE_ROWS) * (

@@ -32,23 +32,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._layout import TileLayout
+from ._read_ahead import _read_ahead
 from ._sparse import with_columns
 from ._state import ModelState
 
 __all__ = [
     "ResidencyPlan", "Window", "plan_residency", "batch_cold_counts", "batch_runs",
-    "cold_sets_run_nnz", "nonzero_runs",
+    "cold_sets_run_nnz", "nonzero_runs", "window_nnz",
     "plan_windows", "window_layout", "WindowStats", "HostRows", "run_epoch_out_of_core",
 ]
 
 #: the arrays of a state with one row per feature
 ROW_ARRAYS = ("w", "V", "gw", "gV")
-#: most nonzeros of one window: its layout is a copy on the device (the
-#: nonzeros' 10 bytes, and while it is made an int64 slot and a flag each),
-#: bounded whatever the slots
-MAX_WINDOW_NNZ = 1 << 22
+#: the fewest nonzeros a window may hold: its layout is a copy on the
+#: device (the nonzeros' 10 bytes, and while it is made an int64 slot and a
+#: flag each); :func:`window_nnz` gives it more with more slots
+MIN_WINDOW_NNZ = 1 << 22
 #: device bytes of a window's layout per nonzero, while it is made
 WINDOW_BYTES_PER_NNZ = 4 + 2 + 4 + 8 + 1
+#: the share of an out-of-core model's device rows that are scratch slots
+SLOT_FRACTION = 0.25
 #: rows a backend moves at a time through a device temporary when the host
 #: rows are not where its kernels reach them (``gather_rows`` of ordinary
 #: memory): a bounded temporary, which the memory plan allows for
@@ -74,12 +77,15 @@ class ResidencyPlan:
         Scratch rows for the cold features of one window.
     row_bytes : int
         Bytes of one feature's row over every row array of the state.
+    window_nnz : int
+        Most nonzeros of a window (:func:`window_nnz`).
     """
 
     n_features: int
     n_resident: int
     n_slots: int
     row_bytes: int
+    window_nnz: int = MIN_WINDOW_NNZ
 
     @property
     def out_of_core(self):
@@ -133,18 +139,32 @@ class ColdSets:
         return self.ids[self.ptr[b] : self.ptr[b + 1]]
 
 
-def cold_sets_run_nnz(nnz):
-    """Most nonzeros of a run of :func:`cold_sets` in a layout of ``nnz``:
-    its temporaries within a window's layout bytes (what the memory plan
-    allows for either; a single wider mini-batch is a run of its own)."""
-    return max(1, WINDOW_BYTES_PER_NNZ * min(int(nnz), MAX_WINDOW_NNZ)
-               // COLD_SETS_BYTES_PER_NNZ)
+def window_nnz(nnz, model_rows, row_bytes):
+    """Most nonzeros of one window of a layout of ``nnz`` when the model
+    has ``model_rows`` device rows of ``row_bytes``: the window's layout
+    takes as many bytes as the slots (:data:`SLOT_FRACTION` of the rows),
+    at least :data:`MIN_WINDOW_NNZ` nonzeros (fewer in a smaller layout).
+
+    Rule: a window's layout grows with its slots.  Why: a window ends where
+    its slots or its nonzeros run out, and each window costs a fixed setup
+    on top of its training: a bound far below the other cut windows short
+    (docs/design/out_of_core.rst)."""
+    slots = int(int(model_rows) * SLOT_FRACTION) * int(row_bytes)
+    return int(min(int(nnz), max(MIN_WINDOW_NNZ, slots // WINDOW_BYTES_PER_NNZ)))
+
+
+def cold_sets_run_nnz(max_window_nnz):
+    """Most nonzeros of a run of :func:`cold_sets` when a window holds at
+    most ``max_window_nnz``: its temporaries within a window's layout bytes
+    (what the memory plan allows for either; a single wider mini-batch is a
+    run of its own)."""
+    return max(1, WINDOW_BYTES_PER_NNZ * int(max_window_nnz) // COLD_SETS_BYTES_PER_NNZ)
 
 
 def cold_sets(layout, n_resident, xp=np, max_nnz=None):
     """:class:`ColdSets` of ``layout`` (its nonzeros of module ``xp``), a
     run of whole mini-batches of at most ``max_nnz`` nonzeros (default
-    :func:`cold_sets_run_nnz`) at a time, a wider mini-batch in pieces of
+    :func:`cold_sets_run_nnz` of the smallest window) at a time, a wider mini-batch in pieces of
     at most ``max_nnz``: one sort of the run's (mini-batch, feature) keys
     there, then only the distinct pairs come to the host (a mini-batch in
     pieces has its pieces' sets merged there).
@@ -154,7 +174,7 @@ def cold_sets(layout, n_resident, xp=np, max_nnz=None):
     nonzero, several times the layout's own bytes, which the model's
     device budget does not leave."""
     if max_nnz is None:
-        max_nnz = cold_sets_run_nnz(layout.nnz)
+        max_nnz = cold_sets_run_nnz(min(int(layout.nnz), MIN_WINDOW_NNZ))
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     start = tp[2 * bsp]  # the first nonzero of each mini-batch, and the end
@@ -213,33 +233,37 @@ def nonzero_runs(start, max_nnz):
     return out
 
 
-def batch_cold_counts(layout, n_resident, xp=np):
-    """Distinct features ``>= n_resident`` of each mini-batch (int64)."""
-    return cold_sets(layout, n_resident, xp).counts()
+def batch_cold_counts(layout, n_resident, xp=np, max_nnz=None):
+    """Distinct features ``>= n_resident`` of each mini-batch (int64);
+    ``max_nnz`` as :func:`cold_sets` takes it."""
+    return cold_sets(layout, n_resident, xp, max_nnz).counts()
 
 
-def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25, xp=np):
+def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=SLOT_FRACTION, xp=np):
     """The rows that fit ``budget_bytes``: all of them when they fit, else a
     resident prefix and scratch slots for the largest mini-batch's cold set.
 
     ``slot_fraction`` of the rows that fit go to the slots (the rest are
-    resident) unless one mini-batch needs more.  Raises a ``MemoryError``
-    that names the need when not even the hot features, one mini-batch's
-    cold rows and the slots fit.
+    resident) unless one mini-batch needs more; windows hold at most
+    :func:`window_nnz` of those rows' nonzeros (what the memory plan allows
+    for).  Raises a ``MemoryError`` that names the need when not even the
+    hot features, one mini-batch's cold rows and the slots fit.
     """
     n = int(layout.n_features)
     row_bytes = int(row_bytes)
     fit_rows = int(budget_bytes) // max(row_bytes, 1)
     if fit_rows >= n:
         return ResidencyPlan(n, n, 0, row_bytes)
+    win = window_nnz(layout.nnz, fit_rows, row_bytes)
+    run = cold_sets_run_nnz(win)
     n_slots = max(1, int(fit_rows * slot_fraction))
     for _ in range(8):  # more slots mean fewer resident rows and more cold ones
         n_resident = fit_rows - n_slots
         if n_resident < layout.n_hot:
             break
-        need = int(batch_cold_counts(layout, n_resident, xp).max(initial=0))
+        need = int(batch_cold_counts(layout, n_resident, xp, run).max(initial=0))
         if need <= n_slots:
-            return ResidencyPlan(n, n_resident, n_slots, row_bytes)
+            return ResidencyPlan(n, n_resident, n_slots, row_bytes, win)
         n_slots = need
     least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot, xp).max(initial=0))
     raise MemoryError(
@@ -251,18 +275,20 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=0.25, xp=np
     )
 
 
-def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_NNZ):
+def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MIN_WINDOW_NNZ):
     """Cut ``batch_order`` into :class:`Window` s whose cold features
     (``sets``: :class:`ColdSets`) fit ``n_slots``, greedily: a window grows
     until the next mini-batch would overflow the slots, or (``batch_nnz``:
     the nonzeros of each mini-batch) take it past ``max_nnz`` nonzeros.
+    A generator: each window comes as soon as it is cut (an epoch cuts its
+    next windows while it trains on this one).
 
     A mark per feature (the window that last took it) counts a mini-batch's
     new features in time proportional to its own: no union of the growing
     window's set per mini-batch, whose cost would grow with the window."""
     # int32: half the bytes of the feature-sized array made every epoch
     mark = np.full(int(sets.ids.max(initial=-1)) + 1, -1, dtype=np.int32)
-    windows, cur, parts = [], [], []
+    cur, parts, n_windows = [], [], 0
     size = nnz = 0
     for bt in np.asarray(batch_order, dtype=np.int64):
         mine_nnz = 0 if batch_nnz is None else int(batch_nnz[bt])
@@ -272,19 +298,19 @@ def plan_windows(sets, batch_order, n_slots, batch_nnz=None, max_nnz=MAX_WINDOW_
                 f"mini-batch {int(bt)} touches {mine.size:,} cold features, more "
                 f"than the {n_slots:,} scratch slots"
             )
-        new = mine[mark[mine] != len(windows)]
+        new = mine[mark[mine] != n_windows]
         if cur and (size + new.size > n_slots or nnz + mine_nnz > max_nnz):
-            windows.append(Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts))))
+            yield Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts)))
+            n_windows += 1
             cur, parts, size, nnz = [], [], 0, 0
             new = mine
-        mark[new] = len(windows)
+        mark[new] = n_windows
         parts.append(new)
         size += new.size
         cur.append(int(bt))
         nnz += mine_nnz
     if cur:
-        windows.append(Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts))))
-    return windows
+        yield Window(np.asarray(cur, dtype=np.int64), np.sort(np.concatenate(parts)))
 
 
 def _ranges(xp, starts, stops):
@@ -534,7 +560,11 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     if stats is None:
         stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale)
     total, done = 0.0, 0
-    for win in plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz):
+    # the next windows are cut by a background thread while this one trains
+    # (the cut is a pass over every cold set of the epoch, on the host)
+    windows = _read_ahead(plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz,
+                                       plan.window_nnz), 2)
+    for win in windows:
         # the slot search runs where the layout's nonzeros are: a layout left
         # on the host (streamed) searches the host's ids
         cold = rows.device_ids(win.cold) if xp is not np else None
@@ -630,7 +660,8 @@ class OutOfCoreModel:
         host = state.put_in_layout_order(layout.feature_order, _cpu, draw_with=backend,
                                          draw_rows=min(1 << 20, max(1, model_rows // 64)))
         self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
-        sets = cold_sets(layout, self.plan.n_resident, xp)
+        sets = cold_sets(layout, self.plan.n_resident, xp,
+                         cold_sets_run_nnz(self.plan.window_nnz))
         # the whole layout's penalty factors before the model takes the
         # device: their computation's temporaries are O(n_features)
         self.penalty = None

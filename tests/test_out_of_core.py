@@ -29,6 +29,11 @@ def _data(seed=0, n=600, d=300, zipf=1.3):
     return X, y
 
 
+def _windows(*args):
+    """:func:`plan_windows`'s windows as a list."""
+    return list(ooc.plan_windows(*args))
+
+
 def _layout(X, batch_size=32, sample_block=16, n_hot_max=8):
     return build_layout(X, batch_size=batch_size, sample_block=sample_block,
                         n_hot_max=n_hot_max, shuffle=True, random_state=1)
@@ -73,7 +78,7 @@ def test_windows_cover_the_order_and_fit_the_slots(extra):
     n_res = 10
     n_slots = int(ooc.batch_cold_counts(L, n_res).max()) + extra
     order = np.random.default_rng(3).permutation(L.n_batches)
-    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
+    wins = _windows(ooc.cold_sets(L, n_res), order, n_slots)
     np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
     for i, w in enumerate(wins):
         ref = np.unique(np.concatenate([
@@ -89,12 +94,63 @@ def test_windows_cover_the_order_and_fit_the_slots(extra):
             assert np.union1d(w.cold, f[f >= n_res]).size > n_slots
 
 
+def _greedy_windows(sets, order, n_slots, batch_nnz, max_nnz):
+    """The one-at-a-time greedy cut: ``[(batches, cold)]``."""
+    out, cur, cold, nnz = [], [], set(), 0
+    for bt in order:
+        mine = set(sets.of(bt).tolist())
+        if cur and (len(cold | mine) > n_slots or nnz + batch_nnz[bt] > max_nnz):
+            out.append((cur, sorted(cold)))
+            cur, cold, nnz = [], set(), 0
+        cur.append(bt)
+        cold |= mine
+        nnz += batch_nnz[bt]
+    return out + [(cur, sorted(cold))]
+
+
+@pytest.mark.parametrize("zipf", [1.05, 1.3, 2.0])
+def test_windows_are_the_greedy_cut(zipf):
+    """The windows are those of a loop over one mini-batch at a time with
+    the window's set kept whole, for cold sets that share little or much,
+    under either bound."""
+    X, _ = _data(seed=4, n=1500, d=400, zipf=zipf)
+    L = _layout(X, batch_size=16, sample_block=16)
+    bsp, tp = L.batch_sblock_ptr, L.tile_ptr
+    batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+    rng = np.random.default_rng(7)
+    for n_res in (0, 5, 40):
+        sets = ooc.cold_sets(L, n_res)
+        widest = int(sets.counts().max())
+        for n_slots in (widest, widest + 3, 4 * widest, L.n_features):
+            for cap in (int(batch_nnz.max()), 5 * int(batch_nnz.max()), 10**9):
+                order = rng.permutation(L.n_batches)
+                got = _windows(sets, order, n_slots, batch_nnz, cap)
+                ref = _greedy_windows(sets, order, n_slots, batch_nnz, cap)
+                assert len(got) == len(ref)
+                for w, (batches, cold) in zip(got, ref):
+                    assert_array_equal(w.batches, batches)
+                    assert_array_equal(w.cold, cold)
+
+
+def test_window_nonzeros_grow_with_the_slots():
+    rb = 264
+    small = ooc.window_nnz(10**9, 1000, rb)
+    assert small == ooc.MIN_WINDOW_NNZ  # few slots: the least window
+    assert ooc.window_nnz(1000, 10**8, rb) == 1000  # never past the layout
+    rows = 4 * 10**6
+    got = ooc.window_nnz(10**9, rows, rb)
+    # the window's layout takes the slots' bytes
+    slot_bytes = int(rows * ooc.SLOT_FRACTION) * rb
+    assert got * ooc.WINDOW_BYTES_PER_NNZ <= slot_bytes
+    assert (got + 1) * ooc.WINDOW_BYTES_PER_NNZ > slot_bytes
+
+
 def test_a_mini_batch_wider_than_the_slots_is_refused():
     X, _ = _data()
     L = _layout(X)
     widest = int(ooc.batch_cold_counts(L, 0).max())
     with pytest.raises(MemoryError, match="cold features"):
-        ooc.plan_windows(ooc.cold_sets(L, 0), np.arange(L.n_batches), widest - 1)
+        _windows(ooc.cold_sets(L, 0), np.arange(L.n_batches), widest - 1)
 
 
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
@@ -102,7 +158,7 @@ def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
     L = _layout(X)
     n_res, n_slots = 12, 200
     order = np.random.default_rng(5).permutation(L.n_batches)
-    for w in ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots):
+    for w in _windows(ooc.cold_sets(L, n_res), order, n_slots):
         sub, rows = ooc.window_layout(L, w, n_res, n_slots)
         ids = ooc.slot_features(w, n_res, n_slots)
         assert sub.n_batches == w.batches.size
@@ -164,7 +220,7 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
     n_windows = 0
     for _ in range(2):
         order = rng.permutation(L.n_batches)
-        n_windows += len(ooc.plan_windows(sets, order, plan.n_slots))
+        n_windows += len(_windows(sets, order, plan.n_slots))
         ref = _cpu.run_epoch(L, yl, swl, bw, resident, params, order)
         got = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
                                         penalty_scale=ps)
@@ -203,7 +259,7 @@ def test_the_first_epochs_warm_up_is_carried_across_windows():
             return _cpu.run_epoch(*a, **kw)  # in order: the CPU has no workers
 
     order = np.arange(L.n_batches)
-    windows = ooc.plan_windows(sets, order, plan.n_slots)
+    windows = _windows(sets, order, plan.n_slots)
     assert len(windows) > 3
     ooc.run_epoch_out_of_core(Recording(), L, yl, swl, bw, rows, params, order,
                               workers=8, ramp=2)
@@ -245,7 +301,7 @@ def test_window_layout_carries_the_whole_layouts_statistics():
     ps = penalty_scale(L).astype(np.float64)
     ranked = L.feature_counts[L.feature_order]
     order = np.arange(L.n_batches)
-    wins = ooc.plan_windows(ooc.cold_sets(L, n_res), order, n_slots)
+    wins = _windows(ooc.cold_sets(L, n_res), order, n_slots)
     assert len(wins) > 1
     for w in wins:
         sub, rows = ooc.window_layout(L, w, n_res, n_slots, penalty=ps)
@@ -304,7 +360,7 @@ def test_windows_bounded_by_nonzeros():
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
     order = np.arange(L.n_batches)
     cap = 3 * int(batch_nnz.max())
-    wins = ooc.plan_windows(ooc.cold_sets(L, 0), order, L.n_features, batch_nnz, cap)
+    wins = _windows(ooc.cold_sets(L, 0), order, L.n_features, batch_nnz, cap)
     assert len(wins) > 1
     np.testing.assert_array_equal(np.concatenate([w.batches for w in wins]), order)
     for i, w in enumerate(wins):
