@@ -34,7 +34,7 @@ __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
     "plan_predict", "fit_needs", "predict_needs", "layout_blocks", "layout_bytes", "layout_index_bytes", "csr_bytes",
     "state_bytes", "chunk_bounds", "tiling_bytes", "layout_plan_bytes", "lbfgs_bytes",
-    "host_available_bytes", "device_budget", "plan_scope", "set_plan", "active_plan",
+    "host_available_bytes", "device_budget", "limit_for_budget", "plan_scope", "set_plan", "active_plan",
     "out_of_memory_error", "release_frames", "format_bytes",
 ]
 
@@ -205,10 +205,19 @@ def host_available_bytes():
         return None
 
 
+#: under a ``device_memory_limit``, the share of it a plan leaves free, at
+#: most :data:`LIMIT_RESERVE_MAX`: the device takes more than CuPy's pool
+#: counts (the driver maps memory in 2 MiB pages, libraries keep
+#: workspaces), and a limit is kept as nvidia-smi sees it
+LIMIT_RESERVE_FRACTION = 1 / 32
+LIMIT_RESERVE_MAX = 64 << 20
+
+
 def device_budget(limit, free, total):
     """``(bytes, how)``: what a fit may plan to take on a device that has
     ``free`` of ``total`` bytes, under ``device_memory_limit=limit``
-    (:func:`sklearn_cuwide.set_config`), and the words that say why."""
+    (:func:`sklearn_cuwide.set_config`; less its reserve,
+    :data:`LIMIT_RESERVE_FRACTION`), and the words that say why."""
     free, total = int(free), int(total)
     if limit is None:
         return int(DEFAULT_FREE_FRACTION * free), (
@@ -223,9 +232,26 @@ def device_budget(limit, free, total):
         cap = int(limit * total)
         what = (f"device_memory_limit={limit} ({format_bytes(cap)} of the device's "
                 f"{format_bytes(total)})")
+    reserve = min(LIMIT_RESERVE_MAX, int(cap * LIMIT_RESERVE_FRACTION))
+    if reserve:
+        cap -= reserve
+        what += f" less {format_bytes(reserve)} kept for what the device takes beside the plan"
     if cap <= free:
         return cap, what
     return free, f"the {format_bytes(free)} free on the device (below {what})"
+
+
+def limit_for_budget(budget):
+    """The least ``device_memory_limit`` (bytes) whose :func:`device_budget`
+    is at least ``budget`` on a device with room: the inverse of its
+    reserve, for the words that suggest a limit."""
+    budget = int(budget)
+    limit = budget
+    while True:  # the budget grows by at most 1 a byte of limit: few steps
+        got = device_budget(limit, limit, limit)[0]
+        if got >= budget:
+            return limit
+        limit += budget - got
 
 
 # --------------------------------------------------------------------------
@@ -792,7 +818,7 @@ def _fit_suggestions(s, backend, available, needs):
                           for lay in layouts)
         out.append(
             f"a device_memory_limit (sklearn_cuwide.config_context) of at least "
-            f"{format_bytes(device_need)}, on a GPU with that much free")
+            f"{format_bytes(limit_for_budget(device_need))}, on a GPU with that much free")
         host_ok = _within(fit_needs(s, "cpu", "host"), {"host": available.get("host")})
         if host_ok:
             out.append("device='cpu' (the host has room)")

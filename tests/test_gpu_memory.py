@@ -125,8 +125,9 @@ def test_gpu_limit_moves_the_layout_and_keeps_the_model(layout, monkeypatch):
     shape, plan = seen[-1]
     assert plan.layout == "device"
     peaks = {lay: _device_peak(shape, lay) for lay in ("device", "uploaded", "streamed")}
-    limit = peaks["device"] - 1 if layout == "uploaded" else peaks["uploaded"] - 1
-    assert limit >= peaks[layout]
+    budget = peaks["device"] - 1 if layout == "uploaded" else peaks["uploaded"] - 1
+    assert budget >= peaks[layout]
+    limit = _memory.limit_for_budget(budget)  # the limit less its reserve
     made = []
     real_put = _cuda.put_layout
 
@@ -212,7 +213,7 @@ def test_gpu_interrupted_streamed_fit_leaves_the_estimator(monkeypatch):
     fm = _fm().fit(X, y)
     before = _arrays(fm)
     shape, _ = seen[-1]
-    limit = int(_device_peak(shape, "streamed"))
+    limit = _memory.limit_for_budget(_device_peak(shape, "streamed"))
     calls = []
     real = _train.run_epoch
 

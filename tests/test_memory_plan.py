@@ -107,16 +107,29 @@ def test_tiling_bytes_bound_the_sort_measured(n, d):
 def test_device_budget():
     free, total = 10 * 2**30, 80 * 2**30
     assert _memory.device_budget(None, free, total)[0] == int(0.8 * free)
+    # a limit's plan leaves a 32nd of it free (at most 64 MiB): what the device
+    # takes beside the pool's count
     assert _memory.device_budget(2**30, free, total) == (
-        2**30, "device_memory_limit=1073741824 (1.00 GiB)")
+        2**30 - 2**25, "device_memory_limit=1073741824 (1.00 GiB) less 32.00 MiB kept for "
+        "what the device takes beside the plan")
+    assert _memory.device_budget(2**35, 2**40, total)[0] == 2**35 - 2**26
     b, how = _memory.device_budget(2**40, free, total)
     assert b == free and "below device_memory_limit" in how
-    assert _memory.device_budget(0.1, free, total)[0] == int(0.1 * total)
+    tenth = int(0.1 * total)
+    assert _memory.device_budget(0.1, free, total)[0] == tenth - min(2**26, tenth // 32)
     assert _memory.device_budget(0.5, free, total)[0] == free  # more than is free
     # an int of a few bytes, likely meant as a fraction: the words say so
     assert _memory.device_budget(1, free, total) == (1, (
         "device_memory_limit=1 (1 bytes; an int is a number of bytes, a float in (0, 1] a "
         "fraction of the device)"))
+
+
+@pytest.mark.parametrize("budget", [0, 1, 31, 32, 33, 1000, 2**20 + 7, 2**31 + 5, 2**36])
+def test_limit_for_budget_is_the_least_limit_with_that_budget(budget):
+    lim = _memory.limit_for_budget(budget)
+    room = 2**40
+    assert _memory.device_budget(lim, room, room)[0] >= budget
+    assert lim == 0 or _memory.device_budget(lim - 1, room, room)[0] < budget
 
 
 def test_host_available_bytes(monkeypatch):
@@ -591,10 +604,13 @@ def test_a_model_wider_than_the_device_budget_is_not_cached_there():
         to_device=lambda a: uploads.append(a.nbytes) or a,
         release_cached=lambda: released.append(len(uploads)))
     need = sum(a.nbytes for h in est._heads() for a in h if a is not None)
-    with config_context(device_memory_limit=need - 1):
+    # the least limit whose budget (the limit less its reserve) holds the model
+    least = next(lim for lim in range(need, 2 * need)
+                 if _memory.device_budget(lim, *dev.device_memory())[0] >= need)
+    with config_context(device_memory_limit=least - 1):
         est._set_gpu_cache(dev)
     assert uploads == [] and "_gpu_cache" not in est.__dict__
-    with config_context(device_memory_limit=need):
+    with config_context(device_memory_limit=least):
         est._set_gpu_cache(dev)
     assert sum(uploads) == need and est._valid_gpu_cache(dev) is not None
     # the fit's cached blocks were given back before the model went in
