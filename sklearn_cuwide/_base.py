@@ -260,6 +260,7 @@ def _plan_fit(est, X, y, backend, reset):
             if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),
         fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
         concurrent=getattr(est, "concurrency", 1) != 1,
+        warm=hasattr(est, "coef_") and (not reset or bool(getattr(est, "warm_start", False))),
     )
     plan = _memory.plan_fit(shape, backend.name, *_available(backend))
     plan.check()

@@ -292,6 +292,9 @@ class FitShape:
     #: mini-batches trained concurrently (``concurrency`` other than 1): the
     #: step scales' per-feature frequencies are computed on the device
     concurrent: bool = True
+    #: the fit continues a fitted model (``warm_start``, ``partial_fit``):
+    #: its starting state is a whole copy of the model
+    warm: bool = True
 
     @property
     def adagrad(self):
@@ -389,8 +392,11 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         # a model's starting state, its copy in layout order (the CPU's
         # working state; the GPU's on its way there and back) and the fitted
         # state in the user's order; the other one-vs-rest models' fitted
-        # states, and the fitted attributes stacked from them (no accumulators)
-        train["a model's starting, working and fitted states"] = 3 * state
+        # states, and the fitted attributes stacked from them (no accumulators).
+        # A fresh model starts as its weights and their sums (zeros): its
+        # factors are drawn where it trains, in layout order
+        start = state if s.warm else state_bytes(d, s.n_outputs, 0, s.adagrad)
+        train["a model's starting, working and fitted states"] = start + 2 * state
         train["the other models' fitted states and the fitted attributes"] = (
             (s.n_heads - 1) * state
             + s.n_heads * state_bytes(s.n_features, s.n_outputs, s.n_factors))

@@ -160,6 +160,32 @@ def _shape(**kw):
     return _memory.FitShape(**base)
 
 
+def test_a_fresh_model_starts_as_its_weights(monkeypatch):
+    """A fresh fit's starting state is its weights and their sums (zeros):
+    its factors are drawn where it trains; a continued fit starts from a
+    whole copy of the model.  The estimators say which."""
+    key = "a model's starting, working and fitted states"
+    s = _shape()
+    d = s.n_features
+    got = {w: _memory.fit_needs(replace(s, warm=w), "cuda", "device")["host"]["training"][key]
+           for w in (False, True)}
+    whole = _memory.state_bytes(d, 1, 16, adagrad=True)
+    assert got[True] == 3 * whole
+    assert got[False] == 2 * whole + _memory.state_bytes(d, 1, 0, adagrad=True)
+    X, y = make_sparse_problem(2, n_samples=300, n_features=200, density=0.05)
+    seen = []
+    real = _memory.plan_fit
+    monkeypatch.setattr(_memory, "plan_fit", lambda sh, *a, **k: seen.append(sh.warm)
+                        or real(sh, *a, **k))
+    fm = GPUFactorizationMachine(device="cpu", n_factors=4, max_iter=1).fit(X, y)
+    fm.partial_fit(X, y)
+    fm.set_params(warm_start=True).fit(X, y)
+    fm.set_params(warm_start=False).fit(X, y)
+    lr = GPULogisticRegression(device="cpu", solver="adagrad", max_iter=1).fit(X, y)
+    lr.partial_fit(X, y)
+    assert seen == [False, True, True, False, False, True]
+
+
 def test_cuda_plan_takes_the_first_layout_that_fits():
     s = _shape()
     peaks = {lay: _memory.MemoryPlan("fit", "cuda", lay, _memory.fit_needs(s, "cuda", lay),
@@ -413,12 +439,15 @@ def test_refusal_suggests_n_factors_that_fit(monkeypatch):
     real = _memory.plan_fit
     monkeypatch.setattr(_memory, "plan_fit", lambda *a, **k: seen.append(real(*a, **k))
                         or seen[-1])
-    GPUFactorizationMachine(device="cpu", n_factors=10, max_iter=1).fit(X, y)
+    # 20 factors: the training phase, which the factors change, is the peak
+    GPUFactorizationMachine(device="cpu", n_factors=20, max_iter=1).fit(X, y)
+    assert max(seen[-1].needs["host"].items(),
+               key=lambda kv: sum(kv[1].values()))[0] == "training"
     monkeypatch.setattr(_memory, "host_available_bytes", lambda: seen[-1].peak("host"))
     with pytest.raises(InsufficientMemoryError, match=r"n_factors=\d+ \(at most\)") as e:
         GPUFactorizationMachine(device="cpu", n_factors=60, max_iter=1).fit(X, y)
     k = int(str(e.value).split("n_factors=")[1].split()[0])
-    assert 8 <= k < 60  # 10 fitted with the larger sample blocks of fewer factors
+    assert 8 <= k < 60  # 20 fitted with the larger sample blocks of fewer factors
     GPUFactorizationMachine(device="cpu", n_factors=k, max_iter=1).fit(X, y)
 
 
