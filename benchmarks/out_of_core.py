@@ -199,7 +199,7 @@ def part_model(args, cp, device):
     X, y, Xt, yt = _data(args.rows, args.log2_features, 0)
     out = {"rows": X.shape[0], "features": X.shape[1], "n_factors": args.n_factors,
            "limit": args.limit, "runs": {}}
-    for conc in ("1", "auto"):
+    for conc in args.concurrency.split(","):
         def make():
             return GPUFactorizationMachine(
                 n_factors=args.n_factors, max_iter=args.epochs, tol=None,
@@ -373,6 +373,8 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=8 * 10**9, help="bytes")
     ap.add_argument("--epochs", type=int, default=2, help="the last one is compared")
     ap.add_argument("--chunk-rows", type=int, default=None)
+    ap.add_argument("--concurrency", default="1,auto",
+                    help="the model part's runs: 1 (in order), auto, or both")
     args = ap.parse_args(argv)
     if args.smoke:
         args.rows = args.rows or 3000
