@@ -488,7 +488,14 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     penalty = 0
     if s.penalty_scaled:
         penalty = (28 * d if rows == d else 4 * rows) + (4 * rows if s.adagrad else 0)
-    train["per-feature step factors"] = penalty + (20 if s.concurrent else 12) * rows
+    if rows == d:
+        train["per-feature step factors"] = penalty + (20 if s.concurrent else 12) * rows
+    else:
+        # out of core the windows' counts and identity order stay on the
+        # device for the fit (16 bytes a row; the penalty factors are
+        # counted above), the shares then a level's scales and their
+        # temporaries (17) made beside them for every window
+        train["per-feature step factors"] = penalty + (33 if s.concurrent else 16) * rows
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
     phases["training"] = train
     return phases

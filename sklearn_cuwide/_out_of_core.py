@@ -331,23 +331,27 @@ def ranked_counts(layout):
 
 class WindowStats:
     """The whole layout's per-feature statistics as every window layout of
-    a fit takes them (:func:`window_layout`): host buffers of the device
-    model's rows, the resident features' part written once (their counts
-    and penalty factors), a window's slots filled in per window.  Rule: no
-    per-window pass over the model's resident rows.  Why: those are most of
-    the model, and a window trains a few mini-batches.  A backend reads
-    them while the window's layout is put on it, before the next window
-    writes them again.
+    a fit takes them (:func:`window_layout`): buffers of the device model's
+    rows, the resident features' part written once (their counts and
+    penalty factors), a window's slots filled in per window.  Rule: no
+    per-window pass over, or copy of, the model's resident rows.  Why: those
+    are most of the model, and a window trains a few mini-batches.
+
+    With a ``backend`` whose arrays are not numpy (the CUDA backend's) the
+    buffers are on its device, the resident part copied there once and a
+    window's slots copied in per window (its cold features' values are
+    taken on the host): a window layout's statistics are then the device's
+    own arrays, which its concurrency damping and penalty factors read
+    where they are.  A backend reads them while the window trains, before
+    the next window writes them again (the writes are queued after it).
 
     ``penalty``: the whole layout's penalty factors (layout order) or None.
     """
 
-    def __init__(self, layout, n_resident, n_slots, penalty=None):
+    def __init__(self, layout, n_resident, n_slots, penalty=None, backend=None):
         r, rows = int(n_resident), int(n_resident) + int(n_slots)
         self.n_resident, self.n_rows = r, int(layout.n_rows)
         self.ranked = ranked_counts(layout).astype(np.int64, copy=False)
-        #: the window layout's feature order and rank: the identity
-        self.identity = np.arange(rows, dtype=np.int64)
         self._counts = np.zeros(rows, dtype=np.int64)
         self._counts[:r] = self.ranked[:r]
         self.penalty, self._factors = None, None
@@ -355,6 +359,15 @@ class WindowStats:
             self.penalty = np.asarray(penalty, dtype=np.float32)
             self._factors = np.zeros(rows, dtype=np.float32)
             self._factors[:r] = self.penalty[:r]
+        self._to_device = None
+        if backend is not None and backend.xp is not np:
+            self._to_device = backend.to_device
+            self._counts = backend.to_device(self._counts)
+            if self._factors is not None:
+                self._factors = backend.to_device(self._factors)
+        #: the window layout's feature order and rank: the identity
+        xp = np if self._to_device is None else backend.xp
+        self.identity = xp.arange(rows, dtype=xp.int64)
 
     def counts(self, window):
         """The whole layout's counts of the window's features (unused
@@ -371,7 +384,10 @@ class WindowStats:
         """``out`` with its slots holding ``whole``'s values of the window's
         cold features, the unused ones 0 (its resident part as it is)."""
         r, c = self.n_resident, window.cold.size
-        np.take(whole, window.cold, out=out[r : r + c])
+        if self._to_device is None:
+            np.take(whole, window.cold, out=out[r : r + c])
+        else:
+            out[r : r + c] = self._to_device(np.take(whole, window.cold))
         out[r + c :] = 0
         return out
 
@@ -558,7 +574,7 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     tp = np.asarray(layout.tile_ptr, dtype=np.int64)
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
     if stats is None:
-        stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale)
+        stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale, backend)
     total, done = 0.0, 0
     # the next windows are cut by a background thread while this one trains
     # (the cut is a pass over every cold set of the epoch, on the host)
@@ -671,7 +687,7 @@ class OutOfCoreModel:
         self.rows = HostRows(host, self.plan, sets, backend)
         self._xp = xp
         self._stats = WindowStats(layout, self.plan.n_resident, self.plan.n_slots,
-                                  self.penalty)
+                                  self.penalty, backend)
 
     def epoch(self, y_l, sw_l, batch_weight, order, workers=None, ramp=0):
         """One epoch in ``order`` (``ramp``: the first epoch's warm-up); its

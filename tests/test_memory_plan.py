@@ -286,16 +286,17 @@ def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
     setup, train = dev["out-of-core setup"], dev["training"]
     assert setup["the penalty factors' computation"] == 28 * s.n_features
     assert "the model state" not in setup
-    # a window's penalty factors and their packed copy, and the concurrent
-    # workers' frequencies and scales (in order: none computed; 12 kept)
-    assert train["per-feature step factors"] == (4 + 4 + 20) * rows
+    # a window's penalty factors and their packed copy, the windows' counts
+    # and identity order kept on the device (16), and beside them the
+    # concurrent workers' shares, scales and temporaries (17; in order none)
+    assert train["per-feature step factors"] == (4 + 4 + 16 + 17) * rows
     one = _memory.fit_needs(replace(s, model_rows=rows, concurrent=False), "cuda",
                             "device")["device"]
-    assert one["training"]["per-feature step factors"] == (4 + 4 + 12) * rows
+    assert one["training"]["per-feature step factors"] == (4 + 4 + 16) * rows
     # a layout on the host computes them there: nothing on the device
     host = _memory.fit_needs(replace(s, model_rows=rows), "cuda", "streamed")["device"]
     assert "out-of-core setup" not in host
-    assert host["training"]["per-feature step factors"] == (4 + 4 + 20) * rows
+    assert host["training"]["per-feature step factors"] == (4 + 4 + 16 + 17) * rows
     resident = _memory.fit_needs(s, "cuda", "streamed")["device"]
     assert "out-of-core setup" not in resident
     assert resident["training"]["per-feature step factors"] == (

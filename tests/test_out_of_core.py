@@ -153,6 +153,34 @@ def test_a_mini_batch_wider_than_the_slots_is_refused():
         _windows(ooc.cold_sets(L, 0), np.arange(L.n_batches), widest - 1)
 
 
+def test_window_stats_on_a_device_copy_the_slots_alone():
+    """With a backend whose arrays are not numpy, a fit's window statistics
+    live on its device: the resident part copied there once, then for each
+    window only its cold features' values; the same values as the host
+    buffers.  (A stand-in device: its arrays are numpy copies.)"""
+    import types
+
+    X, _ = _data()
+    L = _layout(X)
+    n_res, n_slots = 12, 200
+    penalty = penalty_scale(L).astype(np.float64)
+    sizes = []
+    dev = types.SimpleNamespace(
+        xp=types.SimpleNamespace(arange=np.arange, int64=np.int64),
+        to_device=lambda a: sizes.append(np.size(a)) or np.array(a, copy=True))
+    host = ooc.WindowStats(L, n_res, n_slots, penalty)
+    on_dev = ooc.WindowStats(L, n_res, n_slots, penalty, dev)
+    assert sizes == [n_res + n_slots] * 2  # the counts and the factors, once
+    assert_array_equal(on_dev.identity, np.arange(n_res + n_slots))
+    order = np.random.default_rng(2).permutation(L.n_batches)
+    for w in _windows(ooc.cold_sets(L, n_res), order, n_slots):
+        sizes.clear()
+        assert_array_equal(on_dev.counts(w), host.counts(w))
+        assert_array_equal(on_dev.factors(w), host.factors(w))
+        assert sizes == [w.cold.size] * 2
+        assert on_dev.counts(w) is not host.counts(w)
+
+
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
     X, _ = _data()
     L = _layout(X)
