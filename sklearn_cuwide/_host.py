@@ -81,6 +81,15 @@ def all_finite(a):
                      _runs(a.shape[0], a.nbytes)))
 
 
+def fill_rows(a, value):
+    """``a[...] = value``, the rows filled on every core; returns ``a``."""
+    if a.ndim == 0:
+        a[...] = value
+        return a
+    _each(lambda s, e: a[s:e].fill(value), _runs(a.shape[0], a.nbytes))
+    return a
+
+
 def copy_rows(dst, src):
     """``dst[...] = src`` (same shape; the two must not overlap: the runs
     are copied at once)."""

@@ -672,9 +672,12 @@ class OutOfCoreModel:
         row_bytes = state_row_bytes(state.n_outputs, state.n_factors, adagrad=adagrad,
                                     fit_linear=True, itemsize=state.w.dtype.itemsize)
         # factors not drawn yet are drawn by the device, in parts of at most
-        # 1/64 of the model's rows (the draw's temporaries: ~40 bytes a value)
+        # 1/64 of the model's rows (the draw's temporaries: ~40 bytes a value),
+        # straight into the host rows the fit keeps (page-locked for the CUDA
+        # backend): no second host copy of the model
         host = state.put_in_layout_order(layout.feature_order, _cpu, draw_with=backend,
-                                         draw_rows=min(1 << 20, max(1, model_rows // 64)))
+                                         draw_rows=min(1 << 20, max(1, model_rows // 64)),
+                                         empty=backend.empty_host_rows)
         self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
         sets = cold_sets(layout, self.plan.n_resident, xp,
                          cold_sets_run_nnz(self.plan.window_nnz))

@@ -322,16 +322,18 @@ class ModelState:
             st.gV = None if V is None else np.zeros_like(V)
         return st
 
-    def permute_features(self, index, xp=np):
+    def permute_features(self, index, xp=np, empty=None):
         """A new state whose feature ``j`` is this state's ``index[j]``
-        (factors not drawn yet stay so)."""
+        (factors not drawn yet stay so); on the host, into arrays from
+        ``empty(shape, dtype)`` when given."""
         out = ModelState(w=None, b=None, factor_init=self.factor_init)
         for k in ("w", "V", "gw", "gV"):
             a = getattr(self, k)
             if a is None:
                 setattr(out, k, None)
             elif xp is np:  # on the host: the rows taken on every core
-                setattr(out, k, _host.take_rows(a, index))
+                dst = None if empty is None else empty((len(index),) + a.shape[1:], a.dtype)
+                setattr(out, k, _host.take_rows(a, index, out=dst))
             else:
                 setattr(out, k, xp.ascontiguousarray(a[index]))
         out.b = self.b
@@ -351,7 +353,8 @@ class ModelState:
         self.b, self.gb = sub.b, sub.gb
         return self
 
-    def put_in_layout_order(self, order, backend, draw_with=None, draw_rows=1 << 20):
+    def put_in_layout_order(self, order, backend, draw_with=None, draw_rows=1 << 20,
+                            empty=None):
         """This state (user feature order) on ``backend``'s device in the
         layout's feature order ``order`` (``order[new] = old``): the arrays
         permuted, and factors not drawn yet (``factor_init``) drawn there,
@@ -363,12 +366,27 @@ class ModelState:
         ``draw_with``: another backend that draws the factors, ``draw_rows``
         features at a time, each part copied to ``backend`` (the host state of
         a model wider than the device is drawn by the device: the same values,
-        by construction, much sooner)."""
+        by construction, much sooner).  ``empty``: for a host ``backend``,
+        ``empty(shape, dtype)`` makes the feature-sized arrays (the page-locked
+        rows of a model wider than the device, written in place: no second
+        host copy of the model)."""
         zero = {k: getattr(self, k) for k in ("w", "V", "gw", "gV")
                 if getattr(self, k) is not None and not getattr(self, k).any()}
-        dev = backend.put_state(replace(self, **dict.fromkeys(zero)).permute_features(order))
+        if empty is None:
+            def zeros(shape, dtype):
+                return backend.xp.zeros(shape, dtype=dtype)
+
+            def blank(shape, dtype):
+                return backend.xp.empty(shape, dtype=dtype)
+        else:
+            def zeros(shape, dtype):
+                return _host.fill_rows(empty(shape, dtype), 0)
+
+            blank = empty
+        dev = backend.put_state(replace(self, **dict.fromkeys(zero)).permute_features(
+            order, empty=empty))
         for k, a in zero.items():
-            setattr(dev, k, backend.xp.zeros(a.shape, dtype=a.dtype))
+            setattr(dev, k, zeros(a.shape, a.dtype))
         if self.factor_init is None:
             return dev
         seed, scale, k = self.factor_init
@@ -380,7 +398,7 @@ class ModelState:
             dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
         else:
             order = np.asarray(order, dtype=np.int64)
-            dev.V = xp.empty((order.shape[0], k), dtype=self.w.dtype)
+            dev.V = blank((order.shape[0], k), self.w.dtype)
             step = max(1, int(draw_rows))
             for a in range(0, order.shape[0], step):
                 f = draw_with.xp.asarray(draw_with.to_device(order[a : a + step]))
@@ -393,7 +411,7 @@ class ModelState:
         dev.factor_init = None
         if self.gw is not None:  # Adagrad
             # zeros as made (a host's pages zeroed as they are first touched)
-            dev.gV = xp.zeros(dev.V.shape, dtype=dev.V.dtype)
+            dev.gV = zeros(dev.V.shape, dev.V.dtype)
         return dev
 
 

@@ -59,6 +59,13 @@ def test_copy_rows_copies_and_checks_the_shape(runs):
         _host.copy_rows(np.zeros((3, 5)), src)
 
 
+@pytest.mark.parametrize("shape", [(1001,), (1001, 5), ()])
+def test_fill_rows_fills_every_row(runs, shape):
+    a = np.full(shape, 7.0, dtype=np.float32)
+    assert _host.fill_rows(a, 0) is a
+    np.testing.assert_array_equal(a, np.zeros(shape, dtype=np.float32))
+
+
 def test_runs_cover_the_rows_once(monkeypatch):
     monkeypatch.setattr(_host, "HOST_THREADS", 4)
     assert _host._runs(10, _host.PARALLEL_BYTES - 1) == [(0, 10)]

@@ -181,6 +181,40 @@ def test_window_stats_on_a_device_copy_the_slots_alone():
         assert on_dev.counts(w) is not host.counts(w)
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_the_host_rows_are_made_in_place(fresh):
+    """An out-of-core model's host state in layout order is written into
+    the arrays the backend makes for its rows (``empty_host_rows``: the
+    CUDA backend's page-locked memory), with the same values as the state
+    made the usual way; the factors drawn by another backend (the device,
+    here a stand-in on numpy) in parts."""
+    import types
+
+    d, k = 1000, 4
+    order = np.random.default_rng(3).permutation(d)
+    state = ModelState.zeros(d, 1, k, adagrad=True, init_scale=0.1, random_state=5,
+                             draw=False)
+    if not fresh:  # a continued model: every array holds values
+        state.w[:] = np.arange(d, dtype=np.float32)[:, None]
+        state.gw[:] = 2.0
+    made = []
+
+    def empty(shape, dtype):
+        made.append(np.empty(shape, dtype=dtype))
+        made[-1].fill(np.nan)  # what an allocation may hold
+        return made[-1]
+
+    device = types.SimpleNamespace(xp=np, to_device=lambda a: a, to_host=_cpu.to_host)
+    got = state.put_in_layout_order(order, _cpu, draw_with=device, draw_rows=128,
+                                    empty=empty)
+    ref = state.put_in_layout_order(order, _cpu)
+    for name in ("w", "V", "gw", "gV"):
+        a = getattr(got, name)
+        assert any(a is m for m in made), name
+        assert_array_equal(a, getattr(ref, name), err_msg=name)
+    assert _cpu.host_rows(got.V) is got.V
+
+
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
     X, _ = _data()
     L = _layout(X)

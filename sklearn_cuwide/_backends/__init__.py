@@ -108,7 +108,12 @@ class Backend(Protocol):
         """A numpy array of model rows kept in host memory as
         ``gather_rows`` and ``scatter_rows`` move them fastest (page-locked
         memory for the CUDA backend, when the system grants it; ``a``
-        itself, or a copy)."""
+        itself, or a copy; ``a`` itself when it is such memory already)."""
+
+    def empty_host_rows(self, shape, dtype):
+        """An uninitialised numpy array of model rows in the memory
+        ``host_rows`` keeps them in (its rows then written in place, with no
+        second copy of the model made on the host)."""
 
     def gather_rows(self, host, ids, out):
         """``out[i] = host[ids[i]]``: ``host`` from ``host_rows``, ``ids``

@@ -151,6 +151,11 @@ def host_rows(a):
     return a
 
 
+def empty_host_rows(shape, dtype):
+    """An uninitialised array for a model's rows in host memory."""
+    return np.empty(shape, dtype=dtype)
+
+
 def gather_rows(host, ids, out):
     """``out[i] = host[ids[i]]``."""
     out[...] = host[ids]

@@ -42,7 +42,7 @@ from ._runtime import (
     to_host,
     use_device,
 )
-from ._rows import gather_rows, host_rows, scatter_rows
+from ._rows import empty_host_rows, gather_rows, host_rows, scatter_rows
 from ._train import run_epoch
 from ._validate import validate_input
 
@@ -56,5 +56,5 @@ __all__ = [
     "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
-    "host_rows", "gather_rows", "scatter_rows", "release_cached",
+    "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",
 ]

@@ -12,7 +12,7 @@ from ..._kernels import get_kernel
 from ..._out_of_core import PIECE_ROWS
 from ._upload import _pinned_or_pageable, is_pinned
 
-__all__ = ["host_rows", "gather_rows", "scatter_rows"]
+__all__ = ["host_rows", "empty_host_rows", "gather_rows", "scatter_rows"]
 
 _THREADS = 256
 _MAX_BLOCKS = 1 << 15
@@ -23,11 +23,21 @@ def host_rows(a):
     own, which the row kernels read and write in place; ``a`` itself when
     the system refuses to lock that much (its rows then move through
     ordinary copies, :data:`PIECE_ROWS` at a time)."""
+    if is_pinned(cp, a):  # made by empty_host_rows: in place
+        return a
     a = np.ascontiguousarray(a)
     out = _pinned_or_pageable(cp, a.size, a.dtype)
     if not is_pinned(cp, out):  # refused: no copy of it in ordinary memory
         return a
     return copy_rows(out.reshape(a.shape), a)
+
+
+def empty_host_rows(shape, dtype):
+    """An uninitialised numpy array of ``shape`` in page-locked host memory
+    of its own (:func:`host_rows` then keeps it as it is), or in ordinary
+    memory when the system refuses to lock that much."""
+    shape = tuple(int(n) for n in shape)
+    return _pinned_or_pageable(cp, int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
 
 def _row_words(host):
