@@ -352,3 +352,45 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     assert (late._target_offset, late._target_scale) == pytest.approx(first)
     r2_plain, r2_late = r2_score(yt, plain.predict(Xt)), r2_score(yt, late.predict(Xt))
     assert r2_plain > 0.6 and r2_late > 0.5, (r2_plain, r2_late)
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor,
+                                 GPULogisticRegression])
+def test_partial_fit_penalises_the_data_seen_so_far(Est, monkeypatch):
+    """A partial_fit call's S (C's, and the "auto" penalties') is the sample
+    weight of the data seen so far: one pass over the chunks ends with the
+    whole data's penalty, not each chunk's; ``n_samples_seen_`` counts it,
+    a fit's own training rows (the validation rows left out) to start."""
+    from sklearn_cuwide import _fm, _logistic
+
+    X, y = make_ctr_classification(3000, n_features=2**9, random_state=0)[:2]
+    w = np.random.default_rng(0).uniform(0.5, 2.0, y.size)
+    seen_S = []
+    for mod in (_fm, _logistic):
+        real = mod.fit_heads
+
+        def spy(X, targets, sw, *a, real=real, **k):
+            seen_S.append(k["make_params"](X, sw, None))
+            return real(X, targets, sw, *a, **k)
+
+        monkeypatch.setattr(mod, "fit_heads", spy)
+    kw = dict(device="cpu", random_state=0)
+    kw.update(solver="adagrad") if Est is GPULogisticRegression else kw.update(n_factors=2)
+    est = Est(**kw)
+    first = {"classes": [0, 1]} if Est is not GPUFactorizationMachineRegressor else {}
+    parts = [slice(0, 1000), slice(1000, 2500), slice(2500, 3000)]
+    for i, p in enumerate(parts):
+        est.partial_fit(X[p], y[p], sample_weight=w[p], **(first if i == 0 else {}))
+        total = float(w[: p.stop].sum())
+        assert est.n_samples_seen_ == pytest.approx(total)
+        params = seen_S[-1]
+        if Est is GPULogisticRegression:  # C=1: 1 / (C S)
+            assert params.l2_w == pytest.approx(1.0 / total)
+        else:
+            assert params.l2_w == pytest.approx(AUTO_ALPHA / total)
+    # a fit counts its own training rows; partial_fit then goes on from them
+    est.set_params(early_stopping=True, validation_fraction=0.2).fit(X, y, sample_weight=w)
+    fit_S = est.n_samples_seen_
+    assert 0.7 * w.sum() < fit_S < 0.9 * w.sum()
+    est.partial_fit(X[:1000], y[:1000], sample_weight=w[:1000])
+    assert est.n_samples_seen_ == pytest.approx(fit_S + w[:1000].sum())
