@@ -153,6 +153,8 @@ def smi_peak(cp):
         time.sleep(0.1)  # a sample after the last allocation
         proc.terminate()
         reader.join(5)
+        proc.wait(5)
+        proc.stdout.close()
         out.update(base=base << 20, peak=peak[0] << 20, samples=n[0])
 
 

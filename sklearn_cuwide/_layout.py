@@ -102,6 +102,12 @@ class TileLayout:
         The rows ``feature_counts`` were counted over when not ``n_rows``:
         an out-of-core fit's window carries its whole layout's counts (None:
         ``n_rows``).
+
+    An out-of-core fit's window (:func:`sklearn_cuwide._out_of_core.window_layout`)
+    numbers its features in layout order (``feature_order`` and
+    ``feature_rank`` the identity) and holds ``feature_counts``,
+    ``feature_order`` and ``penalty_factors`` on the fit's device
+    (:class:`~sklearn_cuwide._out_of_core.WindowStats`), not in numpy.
     """
 
     n_rows: int

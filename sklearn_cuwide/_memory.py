@@ -28,7 +28,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from ._out_of_core import PIECE_ROWS, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz
+from ._out_of_core import (
+    PIECE_ROWS, SLOT_FRACTION, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz,
+)
 
 __all__ = [
     "InsufficientMemoryError", "FitShape", "PredictShape", "MemoryPlan", "plan_fit",
@@ -208,9 +210,10 @@ def host_available_bytes():
 #: under a ``device_memory_limit``, the share of it a plan leaves free, at
 #: most :data:`LIMIT_RESERVE_MAX`: the device takes more than CuPy's pool
 #: counts (the driver maps memory in 2 MiB pages, libraries keep
-#: workspaces), and a limit is kept as nvidia-smi sees it
-LIMIT_RESERVE_FRACTION = 1 / 32
-LIMIT_RESERVE_MAX = 64 << 20
+#: workspaces: 16 MB under 2 GB and 100 MB under 8 GB on the H200), and a
+#: limit is kept as nvidia-smi sees it
+LIMIT_RESERVE_FRACTION = 1 / 16
+LIMIT_RESERVE_MAX = 256 << 20
 
 
 def device_budget(limit, free, total):
@@ -415,6 +418,22 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
             train["two pinned staging chunks"] = 2 * min(lay, STREAM_CHUNK_BYTES)
         if layout == "host" and s.penalty_scaled:
             train["per-feature penalty factors"] = 12 * d
+        if out_of_core:
+            rows = int(s.model_rows)
+            win = window_nnz(s.nnz, rows, state_row_bytes(s.n_outputs, s.n_factors,
+                                                          adagrad=s.adagrad))
+            # the cold sets (int64 keys of mini-batch and feature, at most one
+            # a nonzero: two while they are found), the whole layout's counts
+            # in layout order (8 a feature), the marks that cut the windows
+            # (4), the windows cut ahead and the current one (their cold ids,
+            # at most the slots each), and with scaled penalties the whole
+            # layout's factors (float64 and float32)
+            train["the out-of-core bookkeeping"] = (
+                16 * s.nnz + 12 * d + 3 * 8 * int(rows * SLOT_FRACTION)
+                + (12 * d if s.penalty_scaled else 0))
+            if layout != "device":  # a window's layout is made where the layout is
+                train["a window's layout, or the cold sets of a run of mini-batches"] = (
+                    WINDOW_BYTES_PER_NNZ * win)
         phases["training"] = train
         return phases
     # the device (CUDA backend)
@@ -479,7 +498,8 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         train["the cold rows in transit"] = 8 * rows + min(rows, PIECE_ROWS) * (
             COMPUTE_ITEMSIZE * max(s.n_outputs, s.n_factors))
     # the penalty factors (with their computation's int64 and float64
-    # temporaries; out of core a window's, computed on the host), their copy
+    # temporaries; out of core a window's, taken from the whole layout's on
+    # the host and kept on the device, WindowStats), their copy
     # beside Adagrad's sums, and the step scales of concurrent workers: the
     # counts and the feature order uploaded with the float32 shares of
     # mini-batches they give in one pass (20 bytes), then the shares kept

@@ -139,17 +139,17 @@ class ColdSets:
         return self.ids[self.ptr[b] : self.ptr[b + 1]]
 
 
-def window_nnz(nnz, model_rows, row_bytes):
+def window_nnz(nnz, model_rows, row_bytes, slot_fraction=SLOT_FRACTION):
     """Most nonzeros of one window of a layout of ``nnz`` when the model
     has ``model_rows`` device rows of ``row_bytes``: the window's layout
-    takes as many bytes as the slots (:data:`SLOT_FRACTION` of the rows),
-    at least :data:`MIN_WINDOW_NNZ` nonzeros (fewer in a smaller layout).
+    takes as many bytes as the slots (``slot_fraction`` of the rows), at
+    least :data:`MIN_WINDOW_NNZ` nonzeros (fewer in a smaller layout).
 
     Rule: a window's layout grows with its slots.  Why: a window ends where
     its slots or its nonzeros run out, and each window costs a fixed setup
     on top of its training: a bound far below the other cut windows short
     (docs/design/out_of_core.rst)."""
-    slots = int(int(model_rows) * SLOT_FRACTION) * int(row_bytes)
+    slots = int(int(model_rows) * slot_fraction) * int(row_bytes)
     return int(min(int(nnz), max(MIN_WINDOW_NNZ, slots // WINDOW_BYTES_PER_NNZ)))
 
 
@@ -198,9 +198,11 @@ def cold_sets(layout, n_resident, xp=np, max_nnz=None):
         if b == start[b1]:
             keys.append(pieces_of)
     key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    del keys  # two int64 a pair at most at once (the memory plan's count)
     ptr = np.zeros(layout.n_batches + 1, dtype=np.int64)
     np.cumsum(np.bincount(key // n_features, minlength=layout.n_batches), out=ptr[1:])
-    return ColdSets(int(n_resident), ptr, key % n_features)
+    key %= n_features
+    return ColdSets(int(n_resident), ptr, key)
 
 
 def batch_runs(nnz_per_batch, max_nnz):
@@ -254,7 +256,7 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=SLOT_FRACTI
     fit_rows = int(budget_bytes) // max(row_bytes, 1)
     if fit_rows >= n:
         return ResidencyPlan(n, n, 0, row_bytes)
-    win = window_nnz(layout.nnz, fit_rows, row_bytes)
+    win = window_nnz(layout.nnz, fit_rows, row_bytes, slot_fraction)
     run = cold_sets_run_nnz(win)
     n_slots = max(1, int(fit_rows * slot_fraction))
     for _ in range(8):  # more slots mean fewer resident rows and more cold ones
@@ -334,8 +336,10 @@ class WindowStats:
     a fit takes them (:func:`window_layout`): buffers of the device model's
     rows, the resident features' part written once (their counts and
     penalty factors), a window's slots filled in per window.  Rule: no
-    per-window pass over, or copy of, the model's resident rows.  Why: those
-    are most of the model, and a window trains a few mini-batches.
+    per-window host pass over, or copy of, the model's resident rows (the
+    device's own passes over them, its concurrency shares, run at its
+    bandwidth).  Why: those are most of the model, and a window trains a few
+    mini-batches.
 
     With a ``backend`` whose arrays are not numpy (the CUDA backend's) the
     buffers are on its device, the resident part copied there once and a

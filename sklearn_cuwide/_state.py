@@ -367,9 +367,11 @@ class ModelState:
         features at a time, each part copied to ``backend`` (the host state of
         a model wider than the device is drawn by the device: the same values,
         by construction, much sooner).  ``empty``: for a host ``backend``,
-        ``empty(shape, dtype)`` makes the feature-sized arrays (the page-locked
-        rows of a model wider than the device, written in place: no second
-        host copy of the model)."""
+        ``empty(shape, dtype)`` makes the feature-sized arrays: the permuted
+        ones, the zeros and the factors that ``draw_with`` draws (the
+        page-locked rows of a model wider than the device, written in place:
+        no second host copy of the model); factors the host draws itself
+        come in an array of their own."""
         zero = {k: getattr(self, k) for k in ("w", "V", "gw", "gV")
                 if getattr(self, k) is not None and not getattr(self, k).any()}
         if empty is None:
@@ -409,8 +411,7 @@ class ModelState:
                 else:
                     dev.V[a : a + step] = backend.to_device(draw_with.to_host(part))
         dev.factor_init = None
-        if self.gw is not None:  # Adagrad
-            # zeros as made (a host's pages zeroed as they are first touched)
+        if self.gw is not None:  # Adagrad: the factors' sums start at zero
             dev.gV = zeros(dev.V.shape, dev.V.dtype)
         return dev
 

@@ -107,16 +107,16 @@ def test_tiling_bytes_bound_the_sort_measured(n, d):
 def test_device_budget():
     free, total = 10 * 2**30, 80 * 2**30
     assert _memory.device_budget(None, free, total)[0] == int(0.8 * free)
-    # a limit's plan leaves a 32nd of it free (at most 64 MiB): what the device
-    # takes beside the pool's count
+    # a limit's plan leaves a 16th of it free (at most 256 MiB): what the
+    # device takes beside the pool's count
     assert _memory.device_budget(2**30, free, total) == (
-        2**30 - 2**25, "device_memory_limit=1073741824 (1.00 GiB) less 32.00 MiB kept for "
+        2**30 - 2**26, "device_memory_limit=1073741824 (1.00 GiB) less 64.00 MiB kept for "
         "what the device takes beside the plan")
-    assert _memory.device_budget(2**35, 2**40, total)[0] == 2**35 - 2**26
+    assert _memory.device_budget(2**35, 2**40, total)[0] == 2**35 - 2**28
     b, how = _memory.device_budget(2**40, free, total)
     assert b == free and "below device_memory_limit" in how
     tenth = int(0.1 * total)
-    assert _memory.device_budget(0.1, free, total)[0] == tenth - min(2**26, tenth // 32)
+    assert _memory.device_budget(0.1, free, total)[0] == tenth - min(2**28, tenth // 16)
     assert _memory.device_budget(0.5, free, total)[0] == free  # more than is free
     # an int of a few bytes, likely meant as a fraction: the words say so
     assert _memory.device_budget(1, free, total) == (1, (
@@ -647,3 +647,48 @@ def test_a_model_wider_than_the_device_budget_is_not_cached_there():
     assert released == [0]
     est._set_gpu_cache(_cpu)  # the CPU: the arrays themselves, always
     assert est._valid_gpu_cache(_cpu) is not None
+
+
+def test_out_of_core_host_bookkeeping_bounds_what_it_takes_measured():
+    """The host part of an out-of-core fit's bookkeeping, traced (numpy
+    registers its allocations with tracemalloc): the cold sets found, the
+    window statistics made, every window of an epoch cut and its layout made
+    on the host (a layout built there), within what the plan counts."""
+    from sklearn_cuwide._layout import build_layout
+
+    rng = np.random.default_rng(0)
+    n, d, per_row = 20000, 50000, 8
+    cols = np.minimum(rng.zipf(1.2, size=n * per_row) - 1, d - 1)
+    X = sp.csr_matrix((np.ones(n * per_row, dtype=np.float32),
+                       (np.repeat(np.arange(n), per_row), cols)), shape=(n, d))
+    X.sum_duplicates()
+    L = build_layout(X, batch_size=256, sample_block=128, shuffle=True, random_state=0)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    rows = 6000
+    s = _shape(n_rows=n, n_features=d, nnz=X.nnz, max_row_nnz=per_row, n_factors=4,
+               batch_size=256, sample_block=128, penalty_scaled=True, model_rows=rows)
+    host = _memory.fit_needs(s, "cuda", "streamed")["host"]["training"]
+    bound = (host["the out-of-core bookkeeping"]
+             + host["a window's layout, or the cold sets of a run of mini-batches"])
+    penalty = np.ones(d)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        plan = ooc.plan_residency(L, rb, rows * rb)
+        sets = ooc.cold_sets(L, plan.n_resident, max_nnz=ooc.cold_sets_run_nnz(plan.window_nnz))
+        stats = ooc.WindowStats(L, plan.n_resident, plan.n_slots, penalty.astype(np.float32))
+        bsp, tp = L.batch_sblock_ptr, L.tile_ptr
+        batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
+        order = rng.permutation(L.n_batches)
+        n_windows = 0
+        for w in ooc.plan_windows(sets, order, plan.n_slots, batch_nnz, plan.window_nnz):
+            sub, lrows = ooc.window_layout(L, w, plan.n_resident, plan.n_slots, stats=stats)
+            del sub, lrows
+            n_windows += 1
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert n_windows > 1 and plan.out_of_core
+    # the whole layout's penalty factors (float64, the caller's) are counted too
+    assert peak <= bound, (peak, bound)

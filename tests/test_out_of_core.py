@@ -164,13 +164,19 @@ def test_window_stats_on_a_device_copy_the_slots_alone():
     L = _layout(X)
     n_res, n_slots = 12, 200
     penalty = penalty_scale(L).astype(np.float64)
-    sizes = []
+    sizes, made = [], []
+
+    def to_device(a):
+        sizes.append(np.size(a))
+        made.append(np.array(a, copy=True))
+        return made[-1]
+
     dev = types.SimpleNamespace(
-        xp=types.SimpleNamespace(arange=np.arange, int64=np.int64),
-        to_device=lambda a: sizes.append(np.size(a)) or np.array(a, copy=True))
+        xp=types.SimpleNamespace(arange=np.arange, int64=np.int64), to_device=to_device)
     host = ooc.WindowStats(L, n_res, n_slots, penalty)
     on_dev = ooc.WindowStats(L, n_res, n_slots, penalty, dev)
     assert sizes == [n_res + n_slots] * 2  # the counts and the factors, once
+    buffers = list(made)
     assert_array_equal(on_dev.identity, np.arange(n_res + n_slots))
     order = np.random.default_rng(2).permutation(L.n_batches)
     for w in _windows(ooc.cold_sets(L, n_res), order, n_slots):
@@ -178,7 +184,8 @@ def test_window_stats_on_a_device_copy_the_slots_alone():
         assert_array_equal(on_dev.counts(w), host.counts(w))
         assert_array_equal(on_dev.factors(w), host.factors(w))
         assert sizes == [w.cold.size] * 2
-        assert on_dev.counts(w) is not host.counts(w)
+        # the device's buffers, written in place
+        assert on_dev.counts(w) is buffers[0] and on_dev.factors(w) is buffers[1]
 
 
 @pytest.mark.parametrize("fresh", [True, False])
@@ -212,7 +219,33 @@ def test_the_host_rows_are_made_in_place(fresh):
         a = getattr(got, name)
         assert any(a is m for m in made), name
         assert_array_equal(a, getattr(ref, name), err_msg=name)
-    assert _cpu.host_rows(got.V) is got.V
+
+
+def test_an_out_of_core_model_keeps_the_rows_its_backend_made():
+    """OutOfCoreModel makes its host state through the backend's
+    ``empty_host_rows``, the factors drawn by the backend into them, and
+    trains on those arrays (no second copy).  (A device stand-in: the CPU
+    backend under another name, so that it draws as a device does.)"""
+    X, y = _data(seed=7, n=2000)
+    L = _layout(X)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
+                             random_state=0, draw=False)
+    made = []
+
+    class Device:
+        def __getattr__(self, name):
+            return getattr(_cpu, name)
+
+        def empty_host_rows(self, shape, dtype):
+            made.append(np.empty(shape, dtype=dtype))
+            return made[-1]
+
+    model = ooc.OutOfCoreModel(Device(), L, state, params, 90)
+    assert model.plan.out_of_core
+    for name in ("w", "V", "gw", "gV"):
+        assert any(getattr(model.rows.state, name) is m for m in made), name
 
 
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
@@ -250,6 +283,7 @@ def test_plan_residency():
     assert not full.out_of_core and full.n_slots == 0
     p = ooc.plan_residency(L, rb, 120 * rb)
     assert p.out_of_core and p.device_rows <= 120 and p.n_resident >= L.n_hot
+    assert p.window_nnz == ooc.window_nnz(L.nnz, 120, rb)
     assert ooc.batch_cold_counts(L, p.n_resident).max() <= p.n_slots
     with pytest.raises(MemoryError, match="device_memory_limit"):
         ooc.plan_residency(L, rb, (L.n_hot + 1) * rb)
