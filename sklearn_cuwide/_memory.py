@@ -400,9 +400,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         # factors are drawn where it trains, in layout order
         start = state if s.warm else state_bytes(d, s.n_outputs, 0, s.adagrad)
         train["a model's starting, working and fitted states"] = start + 2 * state
-        train["the other models' fitted states and the fitted attributes"] = (
-            (s.n_heads - 1) * state
-            + s.n_heads * state_bytes(s.n_features, s.n_outputs, s.n_factors))
+        others = ("the other models' fitted states and the fitted attributes"
+                  if s.n_heads > 1 else "the fitted attributes")
+        train[others] = ((s.n_heads - 1) * state
+                         + s.n_heads * state_bytes(s.n_features, s.n_outputs, s.n_factors))
         train["targets and sample weights in layout order"] = 4 * 8 * n
         # early stopping keeps the best epoch's state: on the host for the
         # CPU backend and for a model out of core
@@ -856,7 +857,17 @@ def _fit_suggestions(s, backend, available, needs):
         if host_ok:
             out.append("device='cpu' (the host has room)")
     else:
-        out.append("a machine with more memory, or a GPU (device='cuda')")
+        # a GPU fit holds the fitted model on the host too: suggested only
+        # where the host has room for what such a fit keeps there
+        layouts = ("device", "uploaded", "streamed") if s.solver != "lbfgs" else (None,)
+        least = replace(s, model_rows=least_model_rows(s)) if s.solver != "lbfgs" else s
+        gpu_host = min(_peak(fit_needs(least, "cuda", lay)["host"])[0] for lay in layouts)
+        host = available.get("host")
+        if host is None or gpu_host <= host:
+            out.append("a machine with more memory, or a GPU (device='cuda')")
+        else:
+            out.append(f"a machine with more memory (a fit on a GPU, too, needs "
+                       f"{format_bytes(gpu_host)} of host memory)")
     out.append("fewer features (e.g. a smaller FeatureHasher n_features)")
     return tuple(out)
 
