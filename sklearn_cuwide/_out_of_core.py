@@ -584,24 +584,27 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     # (the cut is a pass over every cold set of the epoch, on the host)
     windows = _read_ahead(plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz,
                                        plan.window_nnz), 2)
-    for win in windows:
-        # the slot search runs where the layout's nonzeros are: a layout left
-        # on the host (streamed) searches the host's ids
-        cold = rows.device_ids(win.cold) if xp is not np else None
-        sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
-                                   stats=stats, cold=cold)
-        rows.load(win.cold)
-        total += float(backend.run_epoch(
-            backend.put_layout(sub), backend.to_device(y[lrows]),
-            backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
-            params, np.arange(win.batches.size), workers=workers, ramp=ramp,
-            ramp_done=done,
-        ))
-        rows.store(win.cold)
-        done += win.batches.size
-        # this window's layout goes before the next one's is made: the memory
-        # plan counts one window's
-        del sub, lrows
+    try:
+        for win in windows:
+            # the slot search runs where the layout's nonzeros are: a layout
+            # left on the host (streamed) searches the host's ids
+            cold = rows.device_ids(win.cold) if xp is not np else None
+            sub, lrows = window_layout(layout, win, plan.n_resident, plan.n_slots, xp,
+                                       stats=stats, cold=cold)
+            rows.load(win.cold)
+            total += float(backend.run_epoch(
+                backend.put_layout(sub), backend.to_device(y[lrows]),
+                backend.to_device(sw[lrows]), batch_weight[win.batches], rows.device,
+                params, np.arange(win.batches.size), workers=workers, ramp=ramp,
+                ramp_done=done,
+            ))
+            rows.store(win.cold)
+            done += win.batches.size
+            # this window's layout goes before the next one's is made: the
+            # memory plan counts one window's
+            del sub, lrows
+    finally:  # an epoch that fails stops the cutting thread now, not when collected
+        windows.close()
     return total
 
 

@@ -248,6 +248,47 @@ def test_an_out_of_core_model_keeps_the_rows_its_backend_made():
         assert any(getattr(model.rows.state, name) is m for m in made), name
 
 
+def test_an_epoch_that_fails_stops_cutting_windows():
+    """The windows are cut by a background thread; an error in a window's
+    training reaches the caller and stops that thread at once."""
+    import threading
+    import time
+
+    X, y = _data(seed=7, n=2000)
+    L = _layout(X)
+    yl, swl = y[L.row_order], np.ones(L.n_rows)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
+                             random_state=0)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    plan = ooc.plan_residency(L, rb, 90 * rb)
+    rows = ooc.HostRows(state, plan, ooc.cold_sets(L, plan.n_resident), _cpu)
+    calls = []
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(_cpu, name)
+
+        def run_epoch(self, *a, **kw):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("the device went away")
+            return _cpu.run_epoch(*a, workers=None)
+
+    def cutting():
+        return [t for t in threading.enumerate() if t.name == "sklearn_cuwide-read-ahead"]
+
+    # the error kept (its traceback holds the epoch's frame, as a caller's
+    # handler or a debugger would): the thread must stop all the same
+    with pytest.raises(RuntimeError, match="went away") as caught:
+        ooc.run_epoch_out_of_core(Failing(), L, yl, swl, batch_weights(L, swl), rows,
+                                  params, np.arange(L.n_batches))
+    for t in cutting():
+        t.join(2.0)
+    assert not cutting() and caught.value is not None
+
+
 def test_window_layout_renumbers_monotonically_and_keeps_the_nonzeros():
     X, _ = _data()
     L = _layout(X)
