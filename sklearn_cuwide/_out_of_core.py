@@ -559,7 +559,7 @@ class HostRows:
 
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
                           batch_order, *, penalty_scale=None, workers=None, xp=np,
-                          stats=None, ramp=0):
+                          stats=None, ramp=0, windows_out=None):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
@@ -570,8 +570,9 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     ``stats``: the fit's :class:`WindowStats` (made here if None).
     ``ramp``: the first epoch's warm-up, carried across the windows (each
     window's ``run_epoch`` goes on from the warm-up's mini-batches the
-    windows before it trained: the resident epoch's stages).  Returns the
-    epoch's weighted loss sum.
+    windows before it trained: the resident epoch's stages).
+    ``windows_out``: a list each window is appended to as it trains (the
+    log's count).  Returns the epoch's weighted loss sum.
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
@@ -600,6 +601,8 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
             ))
             rows.store(win.cold)
             done += win.batches.size
+            if windows_out is not None:
+                windows_out.append(win.batches.size)
             # this window's layout goes before the next one's is made: the
             # memory plan counts one window's
             del sub, lrows
@@ -698,14 +701,19 @@ class OutOfCoreModel:
         self._xp = xp
         self._stats = WindowStats(layout, self.plan.n_resident, self.plan.n_slots,
                                   self.penalty, backend)
+        #: the windows of the last epoch
+        self.n_windows = 0
 
     def epoch(self, y_l, sw_l, batch_weight, order, workers=None, ramp=0):
         """One epoch in ``order`` (``ramp``: the first epoch's warm-up); its
-        weighted loss sum."""
-        return run_epoch_out_of_core(
+        weighted loss sum (:attr:`n_windows`: its windows)."""
+        counted = []
+        loss = run_epoch_out_of_core(
             self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
             order, penalty_scale=self.penalty, workers=workers, xp=self._xp,
-            stats=self._stats, ramp=ramp)
+            stats=self._stats, ramp=ramp, windows_out=counted)
+        self.n_windows = len(counted)
+        return loss
 
     def state(self):
         """The whole state now (layout order, numpy)."""

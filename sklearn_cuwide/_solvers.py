@@ -319,6 +319,12 @@ def fit_minibatch(
     ooc = None
     if model_rows is not None and model_rows < layout.n_features:
         ooc = OutOfCoreModel(backend, layout, state, params, model_rows)
+        plan = ooc.plan
+        progress.note(
+            f"{log_prefix}Out of core: the rows of the {plan.n_resident:,} most frequent "
+            f"of {layout.n_features:,} features stay on the device, the others in host "
+            f"memory, moved through {plan.n_slots:,} scratch rows a window of "
+            f"mini-batches at a time")
     # the targets and weights in the layout's row order, gathered where the
     # fit runs (O(n_rows) on the device rather than a host pass)
     lx = np if ooc is not None else xp
@@ -381,6 +387,8 @@ def fit_minibatch(
         loss_curve.append(ep_loss)
         monitored = ep_loss
         msg = f"loss {ep_loss:.6f}"
+        if ooc is not None:
+            msg += f", {ooc.n_windows:,} windows"
         if val is not None:
             if ooc is not None:  # the host state, synced once for the score and a copy
                 now = ooc.state()

@@ -490,6 +490,38 @@ def test_fit_minibatch_out_of_core_equals_the_resident_fit(model, solver, scaled
         fit_minibatch(L, y, sw, start(), params, model_rows=L.n_hot + 1, **kw)
 
 
+def test_an_out_of_core_fit_says_so_in_its_log(capsys):
+    """verbose: a line says which rows stay on the device and how many
+    scratch rows move the others; each epoch's line counts its windows."""
+    import re
+
+    from sklearn_cuwide._solvers import fit_minibatch
+    from sklearn_cuwide._state import FitProgress
+
+    X, y = _data(seed=13, n=700)
+    L = _layout(X)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    st = ModelState.zeros(X.shape[1], 1, 4, adagrad=True, init_scale=0.1, random_state=3,
+                          draw=False)
+    fit_minibatch(L, y, np.ones(X.shape[0]), st, params, backend=_cpu, max_iter=2,
+                  shuffle=True, random_state=5, model_rows=80,
+                  progress=FitProgress(verbose=1))
+    out = capsys.readouterr().out
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    plan = ooc.plan_residency(L, rb, 80 * rb)
+    assert (f"Out of core: the rows of the {plan.n_resident:,} most frequent of "
+            f"{L.n_features:,} features stay on the device") in out
+    assert f"{plan.n_slots:,} scratch rows" in out
+    counts = [int(n) for n in re.findall(r"Epoch \d/2 in .*?, ([\d,]+) windows", out)]
+    # the first epoch's order, drawn as the solver draws it: its windows
+    rng = np.random.default_rng(5)
+    bsp, tp = L.batch_sblock_ptr, L.tile_ptr
+    wins = _windows(ooc.cold_sets(L, plan.n_resident), rng.permutation(L.n_batches),
+                    plan.n_slots, tp[2 * bsp[1:]] - tp[2 * bsp[:-1]], plan.window_nnz)
+    assert len(counts) == 2 and counts[0] == len(wins) > 1
+
+
 def test_windows_bounded_by_nonzeros():
     X, _ = _data()
     L = _layout(X)
