@@ -462,7 +462,7 @@ class GPULogisticRegression(_DaskClassifier):
                     "intercept_": np.asarray(intercept, dtype=COMPUTE_DTYPE),
                     "n_iter_": np.array([n_iter], dtype=np.int32),
                     "loss_curve_": [float(v) for v in curve],
-                    "_optimizer_state": None, "n_samples_seen_": float(S)}
+                    "_optimizer_state": None}
         l2_w = l1 = 0.0
         if math.isfinite(C):
             l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
@@ -488,7 +488,6 @@ class GPULogisticRegression(_DaskClassifier):
             "_optimizer_state": optimizer_arrays(res.state) if adagrad else None,
             "n_iter_": np.array([res.n_iter], dtype=np.int32),
             "loss_curve_": res.loss_curve,
-            "n_samples_seen_": float(S),
         }
 
 

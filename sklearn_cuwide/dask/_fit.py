@@ -168,5 +168,4 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
         active = still
     for h, st in enumerate(states):
         check_finite_state(st, n_iter[h], params)
-    return [HeadResult(st, n, c, weight=float(total_weight))
-            for st, n, c in zip(states, n_iter, curves)]
+    return [HeadResult(st, n, c) for st, n, c in zip(states, n_iter, curves)]
