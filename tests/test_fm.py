@@ -321,9 +321,9 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     (offset 0, scale 1), without a warning; the model then continues in the
     new units (the same function, Adagrad's sums started again) and learns
     the targets; later parts keep it.  (It lags the stream that never saw
-    the equal part, r2 0.55 against 0.67 here: the "auto" penalties of a
-    first call of 5 rows are those of 5 rows seen, which shrink the drawn
-    factors fivefold, and they grow back slowly.)"""
+    the equal part, r2 0.55 against 0.67 here: its first steps in the new
+    units start from the constant it had learnt, 2.35 standard deviations
+    off, and Adagrad's sums keep those steps' size.)"""
     import warnings
 
     from sklearn.metrics import r2_score
