@@ -27,8 +27,6 @@ from ._base import (
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
-    samples_seen,
-    seen_before,
     rows_nnz,
     fit_heads,
     fm_penalties,
@@ -251,16 +249,13 @@ class _BaseFM(_CuWideEstimator):
         :class:`~sklearn_cuwide._minibatch.HeadResult`); ``multiplier``
         scales both "auto" penalties (:mod:`sklearn_cuwide._penalty_choice`;
         ``chosen``: the multiplier when this fit chose it); ``random_state``:
-        instead of the estimator's (the choice's fits).  A ``partial_fit``
-        takes the "auto" penalties and step of the data seen so far
-        (:func:`~sklearn_cuwide._minibatch.seen_before`)."""
+        instead of the estimator's (the choice's fits)."""
         n_rows, n_features = X.shape
-        seen = seen_before(self, partial)
 
         def make_params(X, sw_train, rows):
             n_train = X.shape[0] if rows is None else rows.shape[0]
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
-                                              seen + float(np.sum(sw_train)),
+                                              float(np.sum(sw_train)),
                                               rows_nnz(X, rows, backend) / max(n_train, 1),
                                               multiplier)
             return StepParams(
@@ -269,7 +264,7 @@ class _BaseFM(_CuWideEstimator):
                                else auto_learning_rate(self.solver, X, sw_train,
                                                        loss=self._loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
-                                                       model="fm", n_samples=n_rows + seen,
+                                                       model="fm", n_samples=n_rows,
                                                        batch_size=self.batch_size,
                                                        rows=rows)),
                 l2_w=l2_w, l2_v=l2_v,
@@ -324,7 +319,6 @@ class _BaseFM(_CuWideEstimator):
             fitted["n_iter_"] = int(n_iter)
             fitted["loss_curve_"] = curve
         fitted.update(validation_attrs(results))
-        fitted["n_samples_seen_"] = samples_seen(self, results, partial)
         fitted["_optimizer_state"] = (
             [optimizer_arrays(r.state) for r in results]
             if self.solver == "adagrad"
@@ -398,12 +392,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         all rows; from 10,000 rows on early stopping's validation split, the
         fit of least validation loss kept (:doc:`/design/defaults`). Kept by
         ``warm_start`` and ``partial_fit``; 1 otherwise.
-    n_samples_seen_ : float
-        The total sample weight of the rows the model was trained on: the
-        training rows of ``fit`` (the validation rows left out), plus each
-        ``partial_fit`` call's. It is the ``S`` of the ``"auto"`` penalties
-        of a ``partial_fit`` call (those of the data seen so far, so that
-        one pass over a file in chunks has the whole file's at its end).
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -748,12 +736,6 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     penalty_multiplier_ : float
         1: the regressor keeps its "auto" penalties as they are (the
         classifier's small-data choice was studied on binary data only).
-    n_samples_seen_ : float
-        The total sample weight of the rows the model was trained on: the
-        training rows of ``fit`` (the validation rows left out), plus each
-        ``partial_fit`` call's. It is the ``S`` of the ``"auto"`` penalties
-        of a ``partial_fit`` call (those of the data seen so far, so that
-        one pass over a file in chunks has the whole file's at its end).
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int

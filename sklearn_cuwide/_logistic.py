@@ -26,8 +26,6 @@ from ._base import (
 from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
-    samples_seen,
-    seen_before,
     fit_heads,
     logit_prior,
     optimizer_arrays,
@@ -234,13 +232,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     best_iteration_ : int or None
         With early stopping, the epoch whose model was kept (the one of
         least validation loss); None without it.
-    n_samples_seen_ : float
-        The total sample weight of the rows the model was trained on: the
-        training rows of ``fit`` (the validation rows left out), plus each
-        ``partial_fit`` call's. It is the ``S`` that ``C`` is divided by in a
-        ``partial_fit`` call (scikit-learn's objective over the data seen so
-        far, so that one pass over a file in chunks has the whole file's at
-        its end).
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -541,7 +532,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             "n_iter_": np.array([n_iter], dtype=np.int32),
             "loss_curve_": [float(v) for v in curve],
             "_optimizer_state": None,
-            "n_samples_seen_": float(np.sum(sw)),
             **validation_attrs([]),
         }
 
@@ -553,11 +543,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         loss = "logistic" if D == 1 else "multinomial"
         adagrad = self.solver == "adagrad"
 
-        seen = seen_before(self, partial)
-
         def make_params(X, sw_train, rows):
-            # partial_fit: C's objective over the data seen so far
-            S = seen + float(sw_train.sum())
+            S = float(sw_train.sum())
             l2_w, l1 = 0.0, 0.0
             if math.isfinite(C):
                 l2_w, l1 = (1.0 - l1_ratio) / (C * S), l1_ratio / (C * S)
@@ -605,7 +592,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             fitted["n_iter_"] = np.array([res.n_iter], dtype=np.int32)
             fitted["loss_curve_"] = res.loss_curve
         fitted.update(validation_attrs([res]))
-        fitted["n_samples_seen_"] = samples_seen(self, [res], partial)
         return fitted
 
     # ------------------------------------------------------------------

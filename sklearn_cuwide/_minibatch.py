@@ -85,9 +85,6 @@ class HeadResult:
     loss_curve: list
     validation_curve: list = None
     best_iteration: object = None
-    #: the total sample weight of the rows it trained on (the validation
-    #: rows left out)
-    weight: float = 0.0
 
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
@@ -202,8 +199,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             blown_up.append((prefix, curve[-1], base))
         if used is not None:  # the warm states are the fit's own copies
             out = full[k].put_features(used, out)
-        results.append(HeadResult(out, n_iter, curve, vcurve, best,
-                                  float(np.sum(sample_weight))))
+        results.append(HeadResult(out, n_iter, curve, vcurve, best))
     if blown_up:
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
@@ -228,21 +224,6 @@ def _features_used(X):
         return None
     used = held_columns(X)
     return used if used.size <= COMPACT_SHARE * X.shape[1] else None
-
-
-def samples_seen(est, results, partial):
-    """``n_samples_seen_`` after a fit: the total sample weight of its
-    training rows, added to the model's own for ``partial_fit`` (a model
-    fitted without it counts from 0)."""
-    before = float(getattr(est, "n_samples_seen_", 0.0)) if partial else 0.0
-    return before + float(results[0].weight)
-
-
-def seen_before(est, partial):
-    """The sample weight a continued model was trained on before this call
-    (``partial_fit``), else 0: the part of ``S`` the "auto" penalties and
-    ``C`` count beyond the call's own rows."""
-    return float(getattr(est, "n_samples_seen_", 0.0)) if partial else 0.0
 
 
 def validation_attrs(results):

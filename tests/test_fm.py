@@ -220,19 +220,16 @@ def test_partial_fit_once_equals_fit_one_epoch(small_binary, Est, solver):
 @pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
 def test_warm_start(small_binary, Est):
     """A warm-started fit continues from the fitted model: one epoch of it is
-    one partial_fit epoch from that model, not a fresh epoch.  (Penalties
-    given as numbers: "auto" ones differ, a partial_fit taking those of the
-    data seen so far.  max_iter=0, which used to return the model untouched,
-    is refused as scikit-learn's SGDClassifier refuses it.)"""
+    one partial_fit epoch from that model, not a fresh epoch.  (max_iter=0,
+    which used to return the model untouched, is refused as scikit-learn's
+    SGDClassifier refuses it.)"""
     X, y = small_binary
-    fm = Est(n_factors=3, max_iter=5, random_state=0, device="cpu", alpha=1e-4,
-             beta=1e-3).fit(X, y)
+    fm = Est(n_factors=3, max_iter=5, random_state=0, device="cpu").fit(X, y)
     V = fm.factors_.copy()
     continued = copy.deepcopy(fm).partial_fit(X, y)
     fm.set_params(warm_start=True, max_iter=1).fit(X, y)
     assert_array_equal(fm.factors_, continued.factors_)
-    fresh = Est(n_factors=3, max_iter=1, random_state=0, device="cpu", alpha=1e-4,
-                beta=1e-3).fit(X, y)
+    fresh = Est(n_factors=3, max_iter=1, random_state=0, device="cpu").fit(X, y)
     assert not np.array_equal(fm.factors_, fresh.factors_)
     fm.set_params(max_iter=3).fit(X, y)
     assert not np.array_equal(fm.factors_, V)
@@ -319,11 +316,8 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     """The first partial_fit whose targets vary fixes the target's
     standardisation: parts of equal targets before it train on y as it is
     (offset 0, scale 1), without a warning; the model then continues in the
-    new units (the same function, Adagrad's sums started again) and learns
-    the targets; later parts keep it.  (It lags the stream that never saw
-    the equal part, r2 0.55 against 0.67 here: its first steps in the new
-    units start from the constant it had learnt, 2.35 standard deviations
-    off, and Adagrad's sums keep those steps' size.)"""
+    new units (the same function, Adagrad's sums started again) and ends
+    close to the one that never saw the equal part; later parts keep it."""
     import warnings
 
     from sklearn.metrics import r2_score
@@ -351,4 +345,4 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     first = (float(np.mean(y[:500])), float(np.std(y[:500])))
     assert (late._target_offset, late._target_scale) == pytest.approx(first)
     r2_plain, r2_late = r2_score(yt, plain.predict(Xt)), r2_score(yt, late.predict(Xt))
-    assert r2_plain > 0.6 and r2_late > 0.5, (r2_plain, r2_late)
+    assert r2_plain > 0.5 and r2_late > r2_plain - 0.02, (r2_plain, r2_late)

@@ -238,13 +238,11 @@ def test_warm_start_starts_from_the_previous_model_lbfgs(sparse_binary):
 @pytest.mark.parametrize("solver", ["sgd", "adagrad"])
 def test_warm_start_starts_from_the_previous_model(sparse_binary, solver):
     """One warm-started epoch is one partial_fit epoch from the fitted model
-    (unpenalised: a partial_fit divides ``C`` by the weight of the data seen
-    so far, the fit's rows counted, a fit by its own rows'; max_iter=0,
-    which returned the model untouched, is refused as scikit-learn's
-    SGDClassifier refuses it)."""
+    (max_iter=0, which returned the model untouched, is refused as
+    scikit-learn's SGDClassifier refuses it)."""
     X, y = sparse_binary
     est = GPULogisticRegression(solver=solver, max_iter=5, random_state=0,
-                                device="cpu", C=np.inf)
+                                device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(X, y)
@@ -252,7 +250,7 @@ def test_warm_start_starts_from_the_previous_model(sparse_binary, solver):
     est.set_params(warm_start=True, max_iter=1).fit(X, y)
     assert_array_equal(est.coef_, continued.coef_)
     fresh = GPULogisticRegression(solver=solver, max_iter=1, random_state=0,
-                                  device="cpu", C=np.inf).fit(X, y)
+                                  device="cpu").fit(X, y)
     assert not np.allclose(est.coef_, fresh.coef_)
     with pytest.raises(InvalidParameterError, match="max_iter"):
         est.set_params(max_iter=0).fit(X, y)
