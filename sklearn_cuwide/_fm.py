@@ -97,8 +97,9 @@ _FM_PARAMS_DOC = """
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
         Step size.  ``"auto"``: for ``"adagrad"`` 0.03 from 10,000 rows
-        on, 0.1 below, where an epoch takes few steps (the defaults study's
-        choice, :doc:`/design/defaults`); for ``"sgd"``,
+        on and in ``partial_fit`` (whose rows are a part of the data), 0.1
+        below, where an epoch takes few steps (the defaults study's choice,
+        :doc:`/design/defaults`); for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations, and at
         least the largest share of one row's ``|x|^2`` in its mini-batch.
@@ -265,6 +266,7 @@ class _BaseFM(_CuWideEstimator):
                                                        loss=self._loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
                                                        model="fm", n_samples=n_rows,
+                                                       partial=partial,
                                                        batch_size=self.batch_size,
                                                        rows=rows)),
                 l2_w=l2_w, l2_v=l2_v,

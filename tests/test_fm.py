@@ -203,8 +203,11 @@ def test_fm_regressor_movielens_rmse(movielens_100k):
 @pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
 @pytest.mark.parametrize("solver", ["sgd", "adagrad"])
 def test_partial_fit_once_equals_fit_one_epoch(small_binary, Est, solver):
+    # the step given: "auto" is the larger data's in partial_fit
+    # (test_partial_fit_takes_the_larger_datas_step)
     X, y = small_binary
-    kw = dict(solver=solver, n_factors=3, batch_size=64, random_state=0, device="cpu")
+    kw = dict(solver=solver, n_factors=3, batch_size=64, random_state=0, device="cpu",
+              learning_rate=0.05)
     a = Est(max_iter=1, **kw).fit(X, y)
     b = Est(**kw)
     if Est is GPUFactorizationMachine:
@@ -220,16 +223,19 @@ def test_partial_fit_once_equals_fit_one_epoch(small_binary, Est, solver):
 @pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
 def test_warm_start(small_binary, Est):
     """A warm-started fit continues from the fitted model: one epoch of it is
-    one partial_fit epoch from that model, not a fresh epoch.  (max_iter=0,
-    which used to return the model untouched, is refused as scikit-learn's
+    one partial_fit epoch from that model, not a fresh epoch (the step
+    given: "auto" is the larger data's in partial_fit).  (max_iter=0, which
+    used to return the model untouched, is refused as scikit-learn's
     SGDClassifier refuses it.)"""
     X, y = small_binary
-    fm = Est(n_factors=3, max_iter=5, random_state=0, device="cpu").fit(X, y)
+    fm = Est(n_factors=3, max_iter=5, random_state=0, device="cpu",
+             learning_rate=0.05).fit(X, y)
     V = fm.factors_.copy()
     continued = copy.deepcopy(fm).partial_fit(X, y)
     fm.set_params(warm_start=True, max_iter=1).fit(X, y)
     assert_array_equal(fm.factors_, continued.factors_)
-    fresh = Est(n_factors=3, max_iter=1, random_state=0, device="cpu").fit(X, y)
+    fresh = Est(n_factors=3, max_iter=1, random_state=0, device="cpu",
+                learning_rate=0.05).fit(X, y)
     assert not np.array_equal(fm.factors_, fresh.factors_)
     fm.set_params(max_iter=3).fit(X, y)
     assert not np.array_equal(fm.factors_, V)
@@ -316,8 +322,11 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     """The first partial_fit whose targets vary fixes the target's
     standardisation: parts of equal targets before it train on y as it is
     (offset 0, scale 1), without a warning; the model then continues in the
-    new units (the same function, Adagrad's sums started again) and ends
-    close to the one that never saw the equal part; later parts keep it."""
+    new units (the same function, Adagrad's sums started again) and learns
+    the targets; later parts keep it.  (It lags the stream that never saw
+    the equal part, r2 0.59 against 0.67 here: a call's "auto" penalties
+    are its own rows', and those of the first call's 5 rows shrink the
+    drawn factors fivefold, which grow back at partial_fit's step.)"""
     import warnings
 
     from sklearn.metrics import r2_score
@@ -345,4 +354,31 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     first = (float(np.mean(y[:500])), float(np.std(y[:500])))
     assert (late._target_offset, late._target_scale) == pytest.approx(first)
     r2_plain, r2_late = r2_score(yt, plain.predict(Xt)), r2_score(yt, late.predict(Xt))
-    assert r2_plain > 0.5 and r2_late > r2_plain - 0.02, (r2_plain, r2_late)
+    assert r2_plain > 0.6 and r2_late > 0.5, (r2_plain, r2_late)
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch):
+    """learning_rate="auto" with Adagrad: a fit of fewer than 10,000 rows
+    takes the small data's step, a partial_fit call of as few the larger
+    data's (its rows are a part of the data, not its size)."""
+    from sklearn_cuwide import _fm
+    from sklearn_cuwide._minibatch import (ADAGRAD_AUTO_LEARNING_RATE,
+                                           ADAGRAD_AUTO_LEARNING_RATE_FM)
+
+    X, y = small_binary
+    assert X.shape[0] < 10_000
+    steps = []
+    real = _fm.fit_heads
+
+    def spy(X, targets, sw, *a, **k):
+        steps.append(k["make_params"](X, sw, None).learning_rate)
+        return real(X, targets, sw, *a, **k)
+
+    monkeypatch.setattr(_fm, "fit_heads", spy)
+    kw = dict(n_factors=3, max_iter=1, random_state=0, device="cpu")
+    Est(**kw).fit(X, y)
+    first = {"classes": [0, 1]} if Est is GPUFactorizationMachine else {}
+    Est(**kw).partial_fit(X, y, **first)
+    assert steps == [ADAGRAD_AUTO_LEARNING_RATE, ADAGRAD_AUTO_LEARNING_RATE_FM]
+
