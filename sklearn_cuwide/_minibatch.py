@@ -491,8 +491,8 @@ _CURVATURE = {"logistic": 0.25, "multinomial": 0.5, "squared": 1.0}
 ADAGRAD_AUTO_LEARNING_RATE = 0.1
 #: the factorization machines' from EARLY_STOPPING_AUTO_MIN_SAMPLES rows on,
 #: and for every ``partial_fit`` call (its rows are a part of the data, not
-#: its size: chunks of 500 to 2,000 rows at the larger step lost 0.02 AUC
-#: and 0.3 R2 against a fit, docs/design/out_of_core.rst): their factors
+#: its size: chunks of 500 to 2,000 rows at the small data's 0.1 lost 0.02
+#: AUC and 0.1 to 0.3 R2 against a fit, docs/design/out_of_core.rst): their factors
 #: overfit at the larger step; below, where an epoch takes a few steps, the
 #: two tie in the study and the smaller one underfits in ``max_iter``
 #: epochs, so the larger stays
