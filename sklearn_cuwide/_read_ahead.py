@@ -38,7 +38,10 @@ def read_ahead(chunks, ahead=1):
     item
         The items of ``chunks``, in order. An exception raised while reading
         an item is raised here, where that item would have come. Leaving the
-        loop early (``break``) stops the reading after the item being read.
+        loop early (``break``) stops the reading after the item being read,
+        once the iterator is dropped (a ``for`` loop over the call drops it
+        as it leaves; an iterator kept in a variable stops when closed with
+        its ``close()`` or deleted).
 
     Examples
     --------

@@ -85,3 +85,27 @@ def test_leaving_early_closes_the_source():
         if i == 1:
             break
     assert closed.wait(5)
+
+
+def test_a_kept_iterator_stops_reading_when_closed():
+    """An iterator kept in a variable goes on holding its items until it is
+    closed: close() stops the reader and closes the source."""
+    closed = threading.Event()
+
+    def chunks():
+        try:
+            for i in range(1000):
+                yield i
+        finally:
+            closed.set()
+
+    it = read_ahead(chunks(), ahead=2)
+    assert next(it) == 0
+    time.sleep(0.2)
+    assert not closed.is_set()  # kept: the reader waits with its items
+    it.close()
+    assert closed.wait(5)
+    readers = [t for t in threading.enumerate() if t.name == "sklearn_cuwide-read-ahead"]
+    for t in readers:
+        t.join(5)
+    assert not any(t.is_alive() for t in readers)
