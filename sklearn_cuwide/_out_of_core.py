@@ -27,7 +27,7 @@ training step for every placement keeps the out-of-core model equal to the
 resident one.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -79,6 +79,9 @@ class ResidencyPlan:
         Bytes of one feature's row over every row array of the state.
     window_nnz : int
         Most nonzeros of a window (:func:`window_nnz`).
+    sets : ColdSets or None
+        The mini-batches' cold features at ``n_resident``, found while
+        planning (what the windows are cut from); None when every row fits.
     """
 
     n_features: int
@@ -86,6 +89,7 @@ class ResidencyPlan:
     n_slots: int
     row_bytes: int
     window_nnz: int = MIN_WINDOW_NNZ
+    sets: object = field(default=None, compare=False, repr=False)
 
     @property
     def out_of_core(self):
@@ -263,9 +267,10 @@ def plan_residency(layout, row_bytes, budget_bytes, *, slot_fraction=SLOT_FRACTI
         n_resident = fit_rows - n_slots
         if n_resident < layout.n_hot:
             break
-        need = int(batch_cold_counts(layout, n_resident, xp, run).max(initial=0))
+        sets = cold_sets(layout, n_resident, xp, run)
+        need = int(sets.counts().max(initial=0))
         if need <= n_slots:
-            return ResidencyPlan(n, n_resident, n_slots, row_bytes, win)
+            return ResidencyPlan(n, n_resident, n_slots, row_bytes, win, sets)
         n_slots = need
     least = layout.n_hot + int(batch_cold_counts(layout, layout.n_hot, xp).max(initial=0))
     raise MemoryError(
@@ -688,16 +693,15 @@ class OutOfCoreModel:
         host = state.put_in_layout_order(layout.feature_order, _cpu, draw_with=backend,
                                          draw_rows=min(1 << 20, max(1, model_rows // 64)),
                                          empty=backend.empty_host_rows)
+        # the plan's cold sets are those the windows are cut from: found once
         self.plan = plan_residency(layout, row_bytes, int(model_rows) * row_bytes, xp=xp)
-        sets = cold_sets(layout, self.plan.n_resident, xp,
-                         cold_sets_run_nnz(self.plan.window_nnz))
         # the whole layout's penalty factors before the model takes the
         # device: their computation's temporaries are O(n_features)
         self.penalty = None
         if params.penalty_scaled:
             self.penalty = _host(penalty_scale(layout, xp)).astype(np.float64)
         backend.release_cached()  # the setup's freed blocks, before the model's
-        self.rows = HostRows(host, self.plan, sets, backend)
+        self.rows = HostRows(host, self.plan, self.plan.sets, backend)
         self._xp = xp
         self._stats = WindowStats(layout, self.plan.n_resident, self.plan.n_slots,
                                   self.penalty, backend)

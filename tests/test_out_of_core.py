@@ -29,6 +29,22 @@ def _data(seed=0, n=600, d=300, zipf=1.3):
     return X, y
 
 
+def _fm_host_rows():
+    """An FM of 4 factors whose rows live on the host, 90 of them on the
+    device: ``(layout, targets and weights in layout order, step
+    parameters, HostRows)`` on the CPU backend."""
+    X, y = _data(seed=7, n=2000)
+    L = _layout(X)
+    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
+                        l2_v=1e-3)
+    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
+                             random_state=0)
+    rb = ooc.state_row_bytes(1, 4, adagrad=True)
+    plan = ooc.plan_residency(L, rb, 90 * rb)
+    return L, y[L.row_order], np.ones(L.n_rows), params, ooc.HostRows(state, plan,
+                                                                      plan.sets, _cpu)
+
+
 def _windows(*args):
     """:func:`plan_windows`'s windows as a list."""
     return list(ooc.plan_windows(*args))
@@ -252,18 +268,8 @@ def test_an_epoch_that_fails_stops_cutting_windows():
     """The windows are cut by a background thread; an error in a window's
     training reaches the caller and stops that thread at once."""
     import threading
-    import time
 
-    X, y = _data(seed=7, n=2000)
-    L = _layout(X)
-    yl, swl = y[L.row_order], np.ones(L.n_rows)
-    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
-                        l2_v=1e-3)
-    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
-                             random_state=0)
-    rb = ooc.state_row_bytes(1, 4, adagrad=True)
-    plan = ooc.plan_residency(L, rb, 90 * rb)
-    rows = ooc.HostRows(state, plan, ooc.cold_sets(L, plan.n_resident), _cpu)
+    L, yl, swl, params, rows = _fm_host_rows()
     calls = []
 
     class Failing:
@@ -325,6 +331,10 @@ def test_plan_residency():
     p = ooc.plan_residency(L, rb, 120 * rb)
     assert p.out_of_core and p.device_rows <= 120 and p.n_resident >= L.n_hot
     assert p.window_nnz == ooc.window_nnz(L.nnz, 120, rb)
+    # the cold sets it found, kept for the windows
+    ref = ooc.cold_sets(L, p.n_resident)
+    assert_array_equal(p.sets.ptr, ref.ptr)
+    assert_array_equal(p.sets.ids, ref.ids)
     assert ooc.batch_cold_counts(L, p.n_resident).max() <= p.n_slots
     with pytest.raises(MemoryError, match="device_memory_limit"):
         ooc.plan_residency(L, rb, (L.n_hot + 1) * rb)
@@ -372,19 +382,9 @@ def test_the_first_epochs_warm_up_is_carried_across_windows():
     """Each window of a warming-up epoch goes on with the warm-up where the
     windows before it left it (``ramp_done``: their mini-batches), on the
     epoch's workers; a later epoch (no ramp) has no warm-up."""
-    X, y = _data(seed=7, n=2000)
-    L = _layout(X)
-    yl = y[L.row_order]
-    swl = np.ones(L.n_rows)
+    L, yl, swl, params, rows = _fm_host_rows()
     bw = batch_weights(L, swl)
-    params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
-                        l2_v=1e-3)
-    state = ModelState.zeros(L.n_features, 1, 4, adagrad=True, init_scale=0.1,
-                             random_state=0)
-    rb = ooc.state_row_bytes(1, 4, adagrad=True)
-    plan = ooc.plan_residency(L, rb, 90 * rb)
-    sets = ooc.cold_sets(L, plan.n_resident)
-    rows = ooc.HostRows(state, plan, sets, _cpu)
+    plan, sets = rows.plan, rows.sets
     seen = []
 
     class Recording:  # the CPU backend, recording each window's workers

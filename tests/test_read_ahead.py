@@ -71,17 +71,18 @@ def test_ahead_is_checked_at_the_call(ahead):
         read_ahead([1], ahead=ahead)
 
 
+def _closing(closed):
+    """A source of 1000 items that sets ``closed`` when it is closed."""
+    try:
+        for i in range(1000):
+            yield i
+    finally:
+        closed.set()
+
+
 def test_leaving_early_closes_the_source():
     closed = threading.Event()
-
-    def chunks():
-        try:
-            for i in range(1000):
-                yield i
-        finally:
-            closed.set()
-
-    for i in read_ahead(chunks(), ahead=2):
+    for i in read_ahead(_closing(closed), ahead=2):
         if i == 1:
             break
     assert closed.wait(5)
@@ -91,15 +92,7 @@ def test_a_kept_iterator_stops_reading_when_closed():
     """An iterator kept in a variable goes on holding its items until it is
     closed: close() stops the reader and closes the source."""
     closed = threading.Event()
-
-    def chunks():
-        try:
-            for i in range(1000):
-                yield i
-        finally:
-            closed.set()
-
-    it = read_ahead(chunks(), ahead=2)
+    it = read_ahead(_closing(closed), ahead=2)
     assert next(it) == 0
     time.sleep(0.2)
     assert not closed.is_set()  # kept: the reader waits with its items
