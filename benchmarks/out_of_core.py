@@ -20,8 +20,8 @@ times:
     streams in every epoch): the layout's bytes per epoch second against the
     pinned host-to-device rate measured in the same run (target: 80%).
 ``partial``
-    ``partial_fit`` over chunks of ``--chunk-rows`` rows read from files on
-    disk, uncompressed ``.npz`` CSR (``scipy.sparse.load_npz``) and svmlight
+    ``partial_fit`` over ``--chunks`` chunks of ``--chunk-rows`` rows (4 of
+    1M by default) read from files on disk (``--readers``), uncompressed ``.npz`` CSR (``scipy.sparse.load_npz``) and svmlight
     text (``load_svmlight_file``), reads and ``partial_fit`` timed apart,
     and the user guide's recipe (the ``.npz`` chunks through
     :func:`sklearn_cuwide.read_ahead`: the next read while this chunk
@@ -227,7 +227,10 @@ def part_model(args, cp, device):
 def part_stream(args, cp, device):
     from sklearn_cuwide import GPULogisticRegression
 
-    X, y, Xt, yt = _data(args.rows, 22 if not args.smoke else 12, 1)
+    # 2^20 features: the model and its per-feature factors (about 60 bytes a
+    # feature) stay resident beside two streamed chunks under half the
+    # layout's bytes, so the part measures the layout's streaming alone
+    X, y, Xt, yt = _data(args.rows, 20 if not args.smoke else 12, 1)
     layout_bytes = 10 * X.nnz  # the layout: 10 bytes a nonzero (docs/user_guide)
     limit = max(1, layout_bytes // 2)
 
@@ -243,6 +246,8 @@ def part_stream(args, cp, device):
     streamed = layout_bytes / epoch if epoch else None
     held = run.get("pool_held_peak")
     return {"rows": X.shape[0], "layout_bytes": layout_bytes, "limit": limit, "run": run,
+            "model_resident": not any(line.startswith("Out of core")
+                                      for line in run.get("log", [])),
             "pinned_rate": rate, "stream_rate": streamed,
             "share": streamed / rate if streamed and rate else None,
             "pool_within_limit": None if held is None else held <= limit,
@@ -259,13 +264,19 @@ def part_partial(args, cp, device):
 
     from sklearn_cuwide import GPULogisticRegression
 
-    X, y, Xt, yt = _data(args.rows, 22 if not args.smoke else 12, 2)
+    readers = [r for r in args.readers.split(",") if r]
+
+    # --chunks chunks of --chunk-rows rows: a stream of several chunks, in
+    # which read_ahead hides every read but the first
     step = args.chunk_rows
+    X, y, Xt, yt = _data(step * args.chunks, 22 if not args.smoke else 12, 2)
     with tempfile.TemporaryDirectory() as tmp:
         chunks = []
         for k, a in enumerate(range(0, X.shape[0], step)):
             svm, npz = Path(tmp) / f"part{k}.svm", Path(tmp) / f"part{k}.npz"
-            dump_svmlight_file(X[a : a + step], y[a : a + step], str(svm), zero_based=True)
+            if "svmlight" in readers:
+                dump_svmlight_file(X[a : a + step], y[a : a + step], str(svm),
+                                   zero_based=True)
             sp.save_npz(npz, X[a : a + step], compressed=False)
             np.save(Path(tmp) / f"part{k}.y.npy", y[a : a + step])
             chunks.append((svm, npz, Path(tmp) / f"part{k}.y.npy"))
@@ -284,7 +295,7 @@ def part_partial(args, cp, device):
         fit_s = time.perf_counter() - t0
         out = {"rows": X.shape[0], "chunk_rows": step, "chunks": len(chunks),
                "fit_s": fit_s}
-        for reader in ("npz", "svmlight"):
+        for reader in readers:
             model = make()
             read_s = train_s = 0.0
             for svm, npz, ypath in chunks:
@@ -345,10 +356,13 @@ def table(res):
                  f" GB/s: {_f(s['share'])} (target >= {STREAM_SHARE_TARGET}), fit "
                  f"{_f(s['run'].get('fit_s'))} s, pool within limit {s['pool_within_limit']}"
                  f", nvidia-smi within limit {s['smi_within_limit']}"
+                 + ("" if s.get("model_resident", True) else ", the model out of core")
                  + (f", {s['run']['error'][:200]}" if "error" in s["run"] else ""))
     p = res.get("partial")
     if p:
         for reader in ("npz", "svmlight"):
+            if reader not in p:
+                continue
             r = p[reader]
             L.append(f"partial_fit from {reader} files: read {_f(r['read_s'])} s + "
                      f"partial_fit {_f(r['partial_fit_s'])} s against fit {_f(p['fit_s'])} s:"
@@ -377,6 +391,9 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=8 * 10**9, help="bytes")
     ap.add_argument("--epochs", type=int, default=2, help="the last one is compared")
     ap.add_argument("--chunk-rows", type=int, default=None)
+    ap.add_argument("--chunks", type=int, default=4, help="the partial part's chunks")
+    ap.add_argument("--readers", default="npz,svmlight",
+                    help="the partial part's file formats: npz, svmlight or both")
     ap.add_argument("--concurrency", default="1,auto",
                     help="the model part's runs: 1 (in order), auto, or both")
     args = ap.parse_args(argv)

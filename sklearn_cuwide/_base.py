@@ -703,11 +703,12 @@ class _WideClassifierMixin:
     def _partial_fit_classes(self, y, classes):
         """``classes_`` from the first ``partial_fit`` call's ``classes``, and
         ``y`` as indices into them (labels outside them are an error)."""
-        check_classification_targets(y)
+        if not _integer_labels(y):
+            check_classification_targets(y)
         _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
         # labels outside `classes` first: a `classes` missing some of y's
         # labels is the mistake then, however many classes it names
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        unknown = np.setdiff1d(encode_labels(y)[0], self.classes_)
         if unknown.size:
             raise ValueError(
                 f"y contains labels {unknown.tolist()} that are not in classes "

@@ -152,7 +152,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     # the features the part holds: the other rows of the model are copied
     # over, not laid out, moved or permuted (O(part), not O(n_features));
     # the step parameters are those of the whole matrix (sgd's auto step)
-    used = _features_used(X) if warm is not None and va is None else None
+    used = _features_used(X, warm) if warm is not None and va is None else None
     if used is not None:
         full, warm = warm, [st.permute_features(used) for st in warm]
         X = with_columns(X, used)
@@ -216,11 +216,35 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
 COMPACT_SHARE = 0.5
 
 
-def _features_used(X):
-    """The features (sorted) that a host CSR ``X`` holds, when they are at
-    most :data:`COMPACT_SHARE` of its columns; else None (and None for a
-    matrix on a device)."""
+def _state_bytes_per_feature(states):
+    """Bytes a feature takes in ``states`` (its row of every per-feature
+    array; factors not drawn yet counted as drawn)."""
+    total = 0
+    for st in states:
+        for k in ("w", "V", "gw", "gV"):
+            a = getattr(st, k)
+            if a is not None:
+                total += a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        if st.V is None and st.factor_init is not None:
+            total += st.w.dtype.itemsize * st.n_factors
+    return total
+
+
+def _features_used(X, warm):
+    """The features (sorted) that a host CSR ``X`` holds, when a continued
+    fit from the states ``warm`` trains those alone; else None (and None for
+    a matrix on a device).
+
+    Rule: compact where the model's rows outweigh the part's column ids, and
+    the part holds at most :data:`COMPACT_SHARE` of the features.  Why: the
+    compaction is passes over the part's ids (the columns held, then
+    renamed); without it the call permutes, moves and ranks every row of
+    the model: both are memory-bound, so their bytes decide.
+    """
     if not sp.issparse(X) or X.shape[1] == 0:
+        return None
+    model = X.shape[1] * _state_bytes_per_feature(warm)
+    if model <= X.nnz * X.indices.itemsize:
         return None
     used = held_columns(X)
     return used if used.size <= COMPACT_SHARE * X.shape[1] else None

@@ -749,7 +749,10 @@ def test_continued_fits_train_the_features_their_data_hold_the_same(make, n_clas
         opt = getattr(m, "_optimizer_state", None)
         return snaps, m, opt
 
-    assert 0.5 * d > np.unique(X[parts[1]].indices).size  # the parts are compacted
+    # the parts are compacted: few of the model's features, and its rows
+    # outweigh the parts' column ids
+    assert 0.5 * d > np.unique(X[parts[1]].indices).size
+    assert d * 8 > 4 * X[parts[1]].nnz
     (a, ma, oa), (b, mb, ob) = run(0.5), run(0.0)
     for sa, sb in zip(a, b):
         for k in sa:
@@ -772,6 +775,39 @@ def test_continued_fits_train_the_features_their_data_hold_the_same(make, n_clas
             np.testing.assert_array_equal(u, v)
 
     same(oa, ob)
+
+
+def test_continued_fit_compacts_where_the_model_outweighs_the_part():
+    """A continued fit lays out the part's columns alone where the model's
+    rows take more bytes than the part's column ids and the part holds at
+    most COMPACT_SHARE of the features; a narrow model (the part's ids
+    outweigh it) or a part holding most features trains every row."""
+    from sklearn_cuwide._minibatch import _features_used
+    from sklearn_cuwide._state import ModelState
+
+    rng = np.random.default_rng(0)
+    d = 1000
+    cols = rng.choice(d, 100, replace=False)
+    n = 50
+    idx = rng.choice(cols, (n, 8))
+    idx.sort(axis=1)
+    X = sp.csr_matrix((np.ones(n * 8, np.float32), idx.ravel(), np.arange(0, n * 8 + 1, 8)),
+                      shape=(n, d))
+    X.sum_duplicates()
+    held = np.unique(X.indices)
+    lr = [ModelState.zeros(d, adagrad=True)]  # 8 bytes a feature: 8 kB
+    fm = [ModelState.zeros(d, n_factors=16, adagrad=True, random_state=0)]  # 136 bytes
+    lazy = [ModelState.zeros(d, n_factors=16, adagrad=True, random_state=0, draw=False)]
+    assert 8 * d > 4 * X.nnz  # the model outweighs the part's ids
+    np.testing.assert_array_equal(_features_used(X, lr), held)
+    np.testing.assert_array_equal(_features_used(X, fm), held)
+    np.testing.assert_array_equal(_features_used(X, lazy), held)
+    wide = sp.vstack([X] * 8).tocsr()  # 3,200 ids (12.8 kB): more than the 8 kB model
+    assert _features_used(wide, lr) is None
+    np.testing.assert_array_equal(_features_used(wide, fm), held)
+    dense = sp.random(n, d, density=0.05, format="csr", random_state=0, dtype=np.float32)
+    assert np.unique(dense.indices).size > 0.5 * d  # most features: no compaction
+    assert _features_used(dense, fm) is None
 
 
 @pytest.mark.parametrize("make", [
