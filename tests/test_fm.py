@@ -382,3 +382,28 @@ def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch)
     Est(**kw).partial_fit(X, y, **first)
     assert steps == [ADAGRAD_AUTO_LEARNING_RATE, ADAGRAD_AUTO_LEARNING_RATE_FM]
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open: the regressor's default Adagrad step on a few thousand rows with "
+    "dense numeric columns jumps in its first epochs (docs/design/defaults.rst, "
+    "the FM regressor on small data); 0.03 would fix these rows and underfit "
+    "one-hot user x item data of the same size"))
+def test_regressor_defaults_are_stable_on_small_data():
+    """The regressor's default step on 2,000 rows with dense numeric columns
+    in every row: no epoch's training loss ten times the first's, and a test
+    RMSE a tenth below the mean's (at Adagrad's 0.1, the classifiers' small
+    data step, the second epoch's loss was 90 to 130 times the first's and
+    the RMSE 0.90 to 0.93 of the mean's; at 0.03 2 to 5 times, 0.85)."""
+    from sklearn.metrics import mean_squared_error
+
+    from sklearn_cuwide.datasets import make_ctr_regression
+
+    X, y = make_ctr_regression(12_000, 2**10, model="fm", random_state=0)[:2]
+    Xt, yt = X[10_000:], y[10_000:]
+    mean_rmse = float(np.sqrt(np.mean((yt - y[:2_000].mean()) ** 2)))
+    for seed in (0, 1, 2):
+        m = GPUFactorizationMachineRegressor(random_state=seed, device="cpu")
+        m.fit(X[:2_000], y[:2_000])
+        curve = np.asarray(m.loss_curve_)
+        assert curve.max() < 10 * curve[0], curve[:5]
+        assert mean_squared_error(yt, m.predict(Xt)) ** 0.5 < 0.9 * mean_rmse

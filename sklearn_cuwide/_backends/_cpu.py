@@ -298,12 +298,15 @@ def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *,
         )
     total = 0.0
     bsp = layout.batch_sblock_ptr
-    for bt in batch_order:
-        wb = float(batch_weight[bt])
-        if wb <= 0:
-            continue
-        for g in range(int(bsp[bt]), int(bsp[bt + 1])):
-            total += sblock_step(layout, g, y, sw, wb, state, params)
+    # a diverging model's inf and nan go without numpy's warnings: the fit's
+    # finiteness check reports them ("The fit diverged"), saying what to do
+    with np.errstate(over="ignore", invalid="ignore"):
+        for bt in batch_order:
+            wb = float(batch_weight[bt])
+            if wb <= 0:
+                continue
+            for g in range(int(bsp[bt]), int(bsp[bt + 1])):
+                total += sblock_step(layout, g, y, sw, wb, state, params)
     return total
 
 
