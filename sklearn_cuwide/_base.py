@@ -22,6 +22,7 @@ from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import (
     _check_partial_fit_first_call,
     check_classification_targets,
+    unique_labels,
 )
 from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fitted, validate_data
 
@@ -705,7 +706,17 @@ class _WideClassifierMixin:
         ``y`` as indices into them (labels outside them are an error)."""
         if not _integer_labels(y):
             check_classification_targets(y)
-        _check_partial_fit_first_call(self, _to_host_if_cupy(classes))
+        classes = _to_host_if_cupy(classes)
+        if classes is not None and hasattr(self, "classes_"):
+            given = unique_labels(classes)
+            if not np.array_equal(given, self.classes_):
+                raise ValueError(
+                    f"`classes={given.tolist()}` is not the model's classes_ "
+                    f"{self.classes_.tolist()} (set by its first partial_fit call or "
+                    "by fit): the classes cannot change between calls; fit starts "
+                    "a new model."
+                )
+        _check_partial_fit_first_call(self, classes)
         # labels outside `classes` first: a `classes` missing some of y's
         # labels is the mistake then, however many classes it names
         unknown = np.setdiff1d(encode_labels(y)[0], self.classes_)

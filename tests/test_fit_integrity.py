@@ -405,11 +405,14 @@ def test_partial_fit_refuses_other_features_and_classes(binary, name):
     with pytest.raises(ValueError, match="features"):
         est.partial_fit(X[:, :-1], y)
     if name != "fm-regressor":
-        with pytest.raises(ValueError, match="not the same as on last call"):
+        with pytest.raises(ValueError, match=r"`classes=\[0, 1, 2\]` is not the model's "
+                           r"classes_ \[0, 1\].*fit starts a new model"):
             est.partial_fit(X, y, classes=[0, 1, 2])
         with pytest.raises(ValueError, match="not in classes"):
             est.partial_fit(X, y + 5)
     _assert_same_state(est, before)
+    if name != "fm-regressor":  # the same classes in another order: accepted
+        est.partial_fit(X, y, classes=[1, 0])
 
 
 # --------------------------------------------------------------------------
