@@ -99,7 +99,8 @@ _FM_PARAMS_DOC = """
         Step size.  ``"auto"``: for ``"adagrad"`` 0.03 from 10,000 rows
         on and in ``partial_fit`` (whose rows are a part of the data), 0.1
         below, where an epoch takes few steps (the defaults study's choice,
-        :doc:`/design/defaults`); for ``"sgd"``,
+        :doc:`/design/defaults`), for the regressor ``0.2 / m`` there
+        within [0.03, 0.1], ``m`` the mean nonzeros of a row; for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations, and at
         least the largest share of one row's ``|x|^2`` in its mini-batch.

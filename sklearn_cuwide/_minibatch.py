@@ -521,25 +521,62 @@ ADAGRAD_AUTO_LEARNING_RATE = 0.1
 #: two tie in the study and the smaller one underfits in ``max_iter``
 #: epochs, so the larger stays
 ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
+#: the FM regressor's below EARLY_STOPPING_AUTO_MIN_SAMPLES rows, ``m`` the
+#: mean nonzeros of a training row: ``REGRESSOR_STEP_NNZ / m`` within
+#: [ADAGRAD_AUTO_LEARNING_RATE_FM, ADAGRAD_AUTO_LEARNING_RATE].  Why: a step
+#: moves the prediction through every pair of a row's nonzeros and Adagrad's
+#: first steps move each coordinate by the step whatever its gradient; the
+#: squared loss, unlike the logistic, does not bound the gradient that
+#: follows, and at 0.1 fits of a few thousand rows of 26 to 39 nonzeros
+#: jumped 50 to 300 times in their first epochs, while user x item rows (2
+#: nonzeros) underfit at 0.03 (docs/design/defaults.rst)
+REGRESSOR_STEP_NNZ = 0.2
 
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
-                       n_samples=None, batch_size=None, rows=None, partial=False):
+                       n_samples=None, batch_size=None, rows=None, partial=False,
+                       row_nnz=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
     with ``L`` a bound on the Lipschitz constant of a mini-batch's mean
     loss gradient (of the linear part for an FM; ``batch_size`` rows, None:
     the full batch).  For ``model="fm"`` Adagrad's constant depends on
     ``n_samples``, the rows of the call (before any validation split;
     default ``X``'s), except for a ``partial_fit`` call (``partial``), which
-    takes the larger data's.  ``rows``: the training rows of ``X`` (None:
-    all; ``sw`` their weights)."""
+    takes the larger data's; below, the regressor's (``loss="squared"``)
+    falls with the weighted mean nonzeros of a training row (``row_nnz``,
+    else :func:`mean_row_nonzeros` of ``X``; :data:`REGRESSOR_STEP_NNZ`).
+    ``rows``: the training rows of ``X`` (None: all; ``sw`` their
+    weights)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
                                   backend=backend, batch_size=batch_size, rows=rows)
     n = X.shape[0] if n_samples is None else n_samples
     if model == "fm" and (partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES):
         return ADAGRAD_AUTO_LEARNING_RATE_FM
+    if model == "fm" and loss == "squared":
+        if row_nnz is None and X is not None:
+            row_nnz = mean_row_nonzeros(X, rows, sw, backend)
+        if row_nnz:
+            return min(ADAGRAD_AUTO_LEARNING_RATE, max(ADAGRAD_AUTO_LEARNING_RATE_FM,
+                                                       REGRESSOR_STEP_NNZ / row_nnz))
     return ADAGRAD_AUTO_LEARNING_RATE
+
+
+def mean_row_nonzeros(X, rows, sw, backend):
+    """The mean nonzeros of a training row of the CSR ``X`` (scipy or on
+    the backend's device), weighted by ``sw`` (the rows' ``rows`` of ``X``;
+    None: all): stored zeros are not counted, and an integer weight counts
+    as that many copies of its row."""
+    xp = np if isinstance(X.data, np.ndarray) else backend.xp
+    held = xp.zeros(X.data.shape[0] + 1, dtype=xp.int64)
+    held[1:] = xp.cumsum((X.data != 0).astype(xp.int64))
+    per_row = held[X.indptr[1:]] - held[X.indptr[:-1]]
+    per_row = np.asarray(per_row if xp is np else backend.to_host(per_row), dtype=np.float64)
+    if rows is not None:
+        per_row = per_row[rows]
+    sw = np.asarray(sw, dtype=np.float64)
+    total = float(sw.sum())
+    return float(np.dot(per_row, sw)) / total if total > 0 else 0.0
 
 
 #: ``alpha="auto"`` of the factorization machines: ``AUTO_ALPHA / S`` on the

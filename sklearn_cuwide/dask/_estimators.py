@@ -190,19 +190,23 @@ class _DaskWide(BaseEstimator):
         total["max_weight"] = max(s["max_weight"] for s in stats)
         return new, total
 
-    def _learning_rate(self, client, shards, workers, summaries, loss, seed):
+    def _learning_rate(self, client, shards, workers, summaries, loss, seed, stats):
         """``learning_rate`` resolved: ``"auto"`` with sgd estimates ``1 / L``
         on at most 100,000 rows drawn from the partitions (all of them when
-        there are fewer), as the single-process fit does."""
+        there are fewer), as the single-process fit does; Adagrad's takes
+        the rows' weighted mean nonzeros from ``stats`` (a regressor's)."""
         if self.learning_rate != "auto":
             return float(self.learning_rate)
         rows = np.array([s["n_rows"] for s in summaries])
         n = int(rows.sum())
         if self.solver != "sgd":  # Adagrad's constant, by model and rows
+            row_nnz = None
+            if stats.get("row_nonzeros") is not None and stats["total_weight"] > 0:
+                row_nnz = stats["row_nonzeros"] / stats["total_weight"]
             return auto_learning_rate(
                 self.solver, None, None, loss=loss, fit_intercept=self.fit_intercept,
                 backend=None, model="fm" if hasattr(self, "n_factors") else "linear",
-                n_samples=n)
+                n_samples=n, row_nnz=row_nnz)
         import scipy.sparse as sp
 
         take = rows if n <= _LR_SAMPLE_ROWS else np.floor(rows * _LR_SAMPLE_ROWS / n)
@@ -222,7 +226,8 @@ class _DaskWide(BaseEstimator):
                 loss, model, n_outputs, n_factors, states, heads, progress):
         """The mini-batch fit of every head (a list of HeadResult)."""
         seed_split, seed_layout, seed_epochs, seed_init = _seeds(self.random_state)
-        lr = self._learning_rate(client, shards, workers, summaries, loss, seed_split)
+        lr = self._learning_rate(client, shards, workers, summaries, loss, seed_split,
+                                 stats)
         params = StepParams(model=model, loss=loss, solver=self.solver,
                             learning_rate=lr, fit_intercept=self.fit_intercept,
                             **params_kw)

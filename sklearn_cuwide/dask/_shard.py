@@ -19,7 +19,7 @@ from sklearn.utils.validation import _check_sample_weight, _check_y, check_array
 from .. import _device
 from .._backends import get_backend
 from .._base import DTYPES, check_weight_range
-from .._minibatch import COMPUTE_DTYPE
+from .._minibatch import COMPUTE_DTYPE, mean_row_nonzeros
 from .._solvers import _linear_objective, batch_weights
 from .._sparse import canonical_csr
 from .._state import ModelState
@@ -96,11 +96,15 @@ def with_targets(shard, classes, class_weight_of_class, regressor):
     """A new shard whose ``t`` are class indices into ``classes`` (or the
     float targets of a regressor) and whose weights are times the class
     weights; returns ``(shard, statistics)``: per-class total weight, and for
-    a regressor the weighted sums of ``t`` and ``t**2``."""
+    a regressor the weighted sums of ``t``, ``t**2`` and the rows' nonzeros."""
     if regressor:
         t = np.asarray(shard.y, dtype=np.float64)
         sw = shard.sw
-        stats = {"sum_t": float(np.dot(sw, t)), "sum_t2": float(np.dot(sw, t * t))}
+        stats = {"sum_t": float(np.dot(sw, t)), "sum_t2": float(np.dot(sw, t * t)),
+                 # the weighted nonzeros of its rows: the "auto" step's mean
+                 "row_nonzeros": mean_row_nonzeros(
+                     shard.X, None, sw, None if isinstance(shard.X.data, np.ndarray)
+                     else get_backend(shard.device)) * float(sw.sum())}
     else:
         t = np.searchsorted(classes, shard.y).astype(np.float64)
         sw = shard.sw
