@@ -265,6 +265,8 @@ def part_partial(args, cp, device):
     from sklearn_cuwide import GPULogisticRegression
 
     readers = [r for r in args.readers.split(",") if r]
+    if not readers or set(readers) - {"npz", "svmlight"}:
+        raise ValueError(f"--readers takes npz, svmlight or both, got {args.readers!r}")
 
     # --chunks chunks of --chunk-rows rows: a stream of several chunks, in
     # which read_ahead hides every read but the first
@@ -391,7 +393,9 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=8 * 10**9, help="bytes")
     ap.add_argument("--epochs", type=int, default=2, help="the last one is compared")
     ap.add_argument("--chunk-rows", type=int, default=None)
-    ap.add_argument("--chunks", type=int, default=4, help="the partial part's chunks")
+    ap.add_argument("--chunks", type=int, default=4,
+                    help="the partial part's chunks, of --chunk-rows rows each (its "
+                         "rows; --rows is the other parts')")
     ap.add_argument("--readers", default="npz,svmlight",
                     help="the partial part's file formats: npz, svmlight or both")
     ap.add_argument("--concurrency", default="1,auto",

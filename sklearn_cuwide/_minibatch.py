@@ -218,15 +218,16 @@ COMPACT_SHARE = 0.5
 
 def _state_bytes_per_feature(states):
     """Bytes a feature takes in ``states`` (its row of every per-feature
-    array; factors not drawn yet counted as drawn)."""
+    array; factors not drawn yet, and their Adagrad sums, counted as
+    made)."""
     total = 0
     for st in states:
         for k in ("w", "V", "gw", "gV"):
             a = getattr(st, k)
             if a is not None:
                 total += a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-        if st.V is None and st.factor_init is not None:
-            total += st.w.dtype.itemsize * st.n_factors
+        if st.V is None and st.factor_init is not None:  # and their sums, with Adagrad
+            total += st.w.dtype.itemsize * st.n_factors * (2 if st.gw is not None else 1)
     return total
 
 
@@ -566,11 +567,14 @@ def mean_row_nonzeros(X, rows, sw, backend):
     """The mean nonzeros of a training row of the CSR ``X`` (scipy or on
     the backend's device), weighted by ``sw`` (the rows' ``rows`` of ``X``;
     None: all): stored zeros are not counted, and an integer weight counts
-    as that many copies of its row."""
+    as that many copies of its row.  (The ``"auto"`` factor penalty's ``m``
+    is the plain mean of the stored entries, :func:`rows_nnz`.)"""
     xp = np if isinstance(X.data, np.ndarray) else backend.xp
-    held = xp.zeros(X.data.shape[0] + 1, dtype=xp.int64)
-    held[1:] = xp.cumsum((X.data != 0).astype(xp.int64))
-    per_row = held[X.indptr[1:]] - held[X.indptr[:-1]]
+    per_row = xp.diff(X.indptr).astype(xp.int64)
+    zeros = xp.flatnonzero(X.data == 0)  # stored zeros: few, if any
+    if zeros.size:
+        held_by = xp.searchsorted(X.indptr, zeros, side="right") - 1
+        per_row -= xp.bincount(held_by, minlength=per_row.shape[0]).astype(xp.int64)
     per_row = np.asarray(per_row if xp is np else backend.to_host(per_row), dtype=np.float64)
     if rows is not None:
         per_row = per_row[rows]

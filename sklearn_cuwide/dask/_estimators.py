@@ -25,6 +25,7 @@ from .._logistic import _intercept_prior
 from .._minibatch import (
     _BLOWUP_FACTOR,
     COMPUTE_DTYPE,
+    EARLY_STOPPING_AUTO_MIN_SAMPLES,
     _seeds,
     _warn_blown_up,
     _warn_max_iter,
@@ -168,7 +169,13 @@ class _DaskWide(BaseEstimator):
         if getattr(self, "class_weight", None) is not None:
             _, first = self._with_targets(client, shards, workers, classes, None)
             cw = _class_weight_vector(self.class_weight, classes, first)
-        shards, stats = self._with_targets(client, shards, workers, classes, cw)
+        # the regressor's "auto" Adagrad step below 10,000 rows reads the
+        # rows' mean nonzeros: counted only then
+        small = (self._regressor and self.learning_rate == "auto"
+                 and self.solver == "adagrad"
+                 and sum(s["n_rows"] for s in summaries) < EARLY_STOPPING_AUTO_MIN_SAMPLES)
+        shards, stats = self._with_targets(client, shards, workers, classes, cw,
+                                           row_nonzeros=small)
         if not stats["total_weight"] > 0:
             raise ValueError(
                 "The sum of sample_weight (times the class weights) must be positive.")
@@ -179,9 +186,9 @@ class _DaskWide(BaseEstimator):
                 "the weights by a common factor.")
         return shards, classes, stats
 
-    def _with_targets(self, client, shards, workers, classes, cw):
+    def _with_targets(self, client, shards, workers, classes, cw, row_nonzeros=False):
         pairs = on_workers(client, _shard.with_targets, shards, workers, classes, cw,
-                           self._regressor)
+                           self._regressor, row_nonzeros)
         stats = client.gather([client.submit(_second, p, workers=[w], pure=False)
                                for p, w in zip(pairs, workers)])
         new = [client.submit(_first, p, workers=[w], allow_other_workers=False,

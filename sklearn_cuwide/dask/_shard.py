@@ -92,19 +92,20 @@ def summary(shard, labels):
     }
 
 
-def with_targets(shard, classes, class_weight_of_class, regressor):
+def with_targets(shard, classes, class_weight_of_class, regressor, row_nonzeros=False):
     """A new shard whose ``t`` are class indices into ``classes`` (or the
     float targets of a regressor) and whose weights are times the class
     weights; returns ``(shard, statistics)``: per-class total weight, and for
-    a regressor the weighted sums of ``t``, ``t**2`` and the rows' nonzeros."""
+    a regressor the weighted sums of ``t`` and ``t**2`` (and with
+    ``row_nonzeros`` of the rows' nonzeros, which the regressor's small-data
+    ``"auto"`` step reads)."""
     if regressor:
         t = np.asarray(shard.y, dtype=np.float64)
         sw = shard.sw
-        stats = {"sum_t": float(np.dot(sw, t)), "sum_t2": float(np.dot(sw, t * t)),
-                 # the weighted nonzeros of its rows: the "auto" step's mean
-                 "row_nonzeros": mean_row_nonzeros(
-                     shard.X, None, sw, None if isinstance(shard.X.data, np.ndarray)
-                     else get_backend(shard.device)) * float(sw.sum())}
+        stats = {"sum_t": float(np.dot(sw, t)), "sum_t2": float(np.dot(sw, t * t))}
+        if row_nonzeros:  # the shard's X is a host (scipy) matrix
+            stats["row_nonzeros"] = mean_row_nonzeros(shard.X, None, sw, None) * float(
+                sw.sum())
     else:
         t = np.searchsorted(classes, shard.y).astype(np.float64)
         sw = shard.sw
