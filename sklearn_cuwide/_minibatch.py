@@ -19,6 +19,7 @@ from sklearn.utils import check_random_state
 
 from . import _device, _memory
 from ._backends import _concurrency
+from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
 from ._state import FitProgress
@@ -216,21 +217,6 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
 COMPACT_SHARE = 0.5
 
 
-def _state_bytes_per_feature(states):
-    """Bytes a feature takes in ``states`` (its row of every per-feature
-    array; factors not drawn yet, and their Adagrad sums, counted as
-    made)."""
-    total = 0
-    for st in states:
-        for k in ("w", "V", "gw", "gV"):
-            a = getattr(st, k)
-            if a is not None:
-                total += a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-        if st.V is None and st.factor_init is not None:  # and their sums, with Adagrad
-            total += st.w.dtype.itemsize * st.n_factors * (2 if st.gw is not None else 1)
-    return total
-
-
 def _features_used(X, warm):
     """The features (sorted) that a host CSR ``X`` holds, when a continued
     fit from the states ``warm`` trains those alone; else None (and None for
@@ -244,7 +230,9 @@ def _features_used(X, warm):
     """
     if not sp.issparse(X) or X.shape[1] == 0:
         return None
-    model = X.shape[1] * _state_bytes_per_feature(warm)
+    model = X.shape[1] * sum(
+        state_row_bytes(st.n_outputs, st.n_factors, adagrad=st.gw is not None,
+                        itemsize=st.w.dtype.itemsize) for st in warm)
     if model <= X.nnz * X.indices.itemsize:
         return None
     used = held_columns(X)
@@ -554,13 +542,21 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     n = X.shape[0] if n_samples is None else n_samples
     if model == "fm" and (partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES):
         return ADAGRAD_AUTO_LEARNING_RATE_FM
-    if model == "fm" and loss == "squared":
+    if step_reads_row_nonzeros(solver, model, loss, n, partial):
         if row_nnz is None and X is not None:
             row_nnz = mean_row_nonzeros(X, rows, sw, backend)
         if row_nnz:
             return min(ADAGRAD_AUTO_LEARNING_RATE, max(ADAGRAD_AUTO_LEARNING_RATE_FM,
                                                        REGRESSOR_STEP_NNZ / row_nnz))
     return ADAGRAD_AUTO_LEARNING_RATE
+
+
+def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False):
+    """Whether Adagrad's ``"auto"`` step of a fit of ``n_samples`` rows
+    depends on the rows' mean nonzeros (the FM regressor's below
+    EARLY_STOPPING_AUTO_MIN_SAMPLES rows, :data:`REGRESSOR_STEP_NNZ`)."""
+    return (solver == "adagrad" and model == "fm" and loss == "squared" and not partial
+            and n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES)
 
 
 def mean_row_nonzeros(X, rows, sw, backend):

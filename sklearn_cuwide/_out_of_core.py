@@ -564,7 +564,7 @@ class HostRows:
 
 def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
                           batch_order, *, penalty_scale=None, workers=None, xp=np,
-                          stats=None, ramp=0, windows_out=None):
+                          stats=None, ramp=0):
     """One epoch over ``batch_order`` with the model's cold rows on the host.
 
     ``rows``: a :class:`HostRows`; ``y``, ``sw`` and ``batch_weight`` as the
@@ -576,8 +576,8 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     ``ramp``: the first epoch's warm-up, carried across the windows (each
     window's ``run_epoch`` goes on from the warm-up's mini-batches the
     windows before it trained: the resident epoch's stages).
-    ``windows_out``: a list each window is appended to as it trains (the
-    log's count).  Returns the epoch's weighted loss sum.
+    Returns ``(loss, n_windows)``: the epoch's weighted loss sum and its
+    windows (the log's count).
     """
     plan = rows.plan
     bsp = np.asarray(layout.batch_sblock_ptr, dtype=np.int64)
@@ -585,7 +585,7 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
     batch_nnz = tp[2 * bsp[1:]] - tp[2 * bsp[:-1]]
     if stats is None:
         stats = WindowStats(layout, plan.n_resident, plan.n_slots, penalty_scale, backend)
-    total, done = 0.0, 0
+    total, done, n_windows = 0.0, 0, 0
     # the next windows are cut by a background thread while this one trains
     # (the cut is a pass over every cold set of the epoch, on the host)
     windows = _read_ahead(plan_windows(rows.sets, batch_order, plan.n_slots, batch_nnz,
@@ -606,14 +606,13 @@ def run_epoch_out_of_core(backend, layout, y, sw, batch_weight, rows, params,
             ))
             rows.store(win.cold)
             done += win.batches.size
-            if windows_out is not None:
-                windows_out.append(win.batches.size)
+            n_windows += 1
             # this window's layout goes before the next one's is made: the
             # memory plan counts one window's
             del sub, lrows
     finally:  # an epoch that fails stops the cutting thread now, not when collected
         windows.close()
-    return total
+    return total, n_windows
 
 
 def predict_chunks(X, n_slots, max_rows=None):
@@ -711,12 +710,10 @@ class OutOfCoreModel:
     def epoch(self, y_l, sw_l, batch_weight, order, workers=None, ramp=0):
         """One epoch in ``order`` (``ramp``: the first epoch's warm-up); its
         weighted loss sum (:attr:`n_windows`: its windows)."""
-        counted = []
-        loss = run_epoch_out_of_core(
+        loss, self.n_windows = run_epoch_out_of_core(
             self.backend, self.layout, y_l, sw_l, batch_weight, self.rows, self.params,
             order, penalty_scale=self.penalty, workers=workers, xp=self._xp,
-            stats=self._stats, ramp=ramp, windows_out=counted)
-        self.n_windows = len(counted)
+            stats=self._stats, ramp=ramp)
         return loss
 
     def state(self):

@@ -369,8 +369,8 @@ def test_out_of_core_epochs_equal_resident_epochs(model, solver, scaled):
         order = rng.permutation(L.n_batches)
         n_windows += len(_windows(sets, order, plan.n_slots))
         ref = _cpu.run_epoch(L, yl, swl, bw, resident, params, order)
-        got = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
-                                        penalty_scale=ps)
+        got, _ = ooc.run_epoch_out_of_core(_cpu, L, yl, swl, bw, rows, params, order,
+                                           penalty_scale=ps)
         assert got == pytest.approx(ref, rel=1e-12)
     assert n_windows > 2  # the cold rows really went back and forth
     out = rows.result()

@@ -25,7 +25,6 @@ from .._logistic import _intercept_prior
 from .._minibatch import (
     _BLOWUP_FACTOR,
     COMPUTE_DTYPE,
-    EARLY_STOPPING_AUTO_MIN_SAMPLES,
     _seeds,
     _warn_blown_up,
     _warn_max_iter,
@@ -33,6 +32,7 @@ from .._minibatch import (
     constant_loss,
     fm_penalties,
     optimizer_arrays,
+    step_reads_row_nonzeros,
 )
 from .._state import FitProgress, ModelState, StepParams
 from . import _shard
@@ -169,13 +169,13 @@ class _DaskWide(BaseEstimator):
         if getattr(self, "class_weight", None) is not None:
             _, first = self._with_targets(client, shards, workers, classes, None)
             cw = _class_weight_vector(self.class_weight, classes, first)
-        # the regressor's "auto" Adagrad step below 10,000 rows reads the
-        # rows' mean nonzeros: counted only then
-        small = (self._regressor and self.learning_rate == "auto"
-                 and self.solver == "adagrad"
-                 and sum(s["n_rows"] for s in summaries) < EARLY_STOPPING_AUTO_MIN_SAMPLES)
+        # the rows' mean nonzeros, counted only where the "auto" step reads them
+        reads = self.learning_rate == "auto" and step_reads_row_nonzeros(
+            self.solver, "fm" if hasattr(self, "n_factors") else "linear",
+            "squared" if self._regressor else "logistic",
+            sum(s["n_rows"] for s in summaries))
         shards, stats = self._with_targets(client, shards, workers, classes, cw,
-                                           row_nonzeros=small)
+                                           row_nonzeros=reads)
         if not stats["total_weight"] > 0:
             raise ValueError(
                 "The sum of sample_weight (times the class weights) must be positive.")
