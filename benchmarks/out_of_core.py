@@ -21,12 +21,14 @@ times:
     pinned host-to-device rate measured in the same run (target: 80%).
 ``partial``
     ``partial_fit`` over ``--chunks`` chunks of ``--chunk-rows`` rows (4 of
-    1M by default) read from files on disk (``--readers``), uncompressed ``.npz`` CSR (``scipy.sparse.load_npz``) and svmlight
-    text (``load_svmlight_file``), reads and ``partial_fit`` timed apart,
-    and the user guide's recipe (the ``.npz`` chunks through
-    :func:`sklearn_cuwide.read_ahead`: the next read while this chunk
-    trains) timed whole, against ``fit(max_iter=1)`` of the same rows in
-    memory (target: 70% of its rows per second).
+    1M by default) read from files on disk (``--readers``): a CSR's arrays
+    as ``.npy`` files (``numpy.load``), an uncompressed ``.npz``
+    (``scipy.sparse.load_npz``) and svmlight text (``load_svmlight_file``),
+    reads and ``partial_fit`` timed apart, and the user guide's recipe (the
+    chunks through :func:`sklearn_cuwide.read_ahead`: the next read while
+    this chunk trains) timed whole, against ``fit(max_iter=1)`` of the same
+    rows in memory (target: 70% of its rows per second); medians of
+    ``--repeats`` runs.
 
 Every limited fit runs with a wrapper of CuPy's pool as the allocator,
 which records the pool's peaks in use and held (cached blocks included);
@@ -255,33 +257,66 @@ def part_stream(args, cp, device):
                                  else run["smi_over_base"] <= limit)}
 
 
-def part_partial(args, cp, device):
-    """``partial_fit`` over chunks on disk, each as svmlight text and as an
-    uncompressed ``.npz`` CSR (``scipy.sparse.save_npz``): the reads and the
-    ``partial_fit`` calls timed apart, against ``fit(max_iter=1)`` of the
-    same rows in memory."""
+#: the partial part's file formats: how a chunk is written, and read back
+READERS = ("npy", "npz", "svmlight")
+
+
+def _write_chunk(reader, stem, X, y):
+    """Chunk ``X, y`` as the files of ``reader`` (paths from ``stem``)."""
     import scipy.sparse as sp
 
+    if reader == "npy":  # the CSR's arrays as they are: no archive, no parser
+        for name in ("indptr", "indices", "data"):
+            np.save(f"{stem}.{name}.npy", getattr(X, name))
+    elif reader == "npz":
+        sp.save_npz(f"{stem}.npz", X, compressed=False)
+    else:
+        dump_svmlight_file(X, y, f"{stem}.svm", zero_based=True)
+    np.save(f"{stem}.y.npy", y)
+
+
+def _read_chunk(reader, stem, n_features):
+    """The chunk ``(X, y)`` that :func:`_write_chunk` wrote, read from disk."""
+    import scipy.sparse as sp
+
+    y = np.load(f"{stem}.y.npy")
+    if reader == "npy":
+        arrays = [np.load(f"{stem}.{name}.npy") for name in ("data", "indices", "indptr")]
+        return sp.csr_matrix(tuple(arrays), shape=(arrays[2].size - 1, n_features)), y
+    if reader == "npz":
+        return sp.load_npz(f"{stem}.npz"), y
+    X, _ = load_svmlight_file(f"{stem}.svm", n_features=n_features, zero_based=True,
+                              dtype=np.float32)
+    return X, y
+
+
+def part_partial(args, cp, device):
+    """``partial_fit`` over chunks on disk, in each of ``--readers``' formats
+    (:data:`READERS`: a CSR's arrays as ``.npy`` files, an uncompressed
+    ``.npz``, svmlight text), the reads and the ``partial_fit`` calls timed
+    apart, and the user guide's recipe (the next chunk read by
+    :func:`~sklearn_cuwide.read_ahead` while this one trains) timed whole,
+    against ``fit(max_iter=1)`` of the same rows in memory.  Each figure is
+    the median of ``--repeats`` runs (svmlight's: one run); the files are
+    in the page cache (written just before)."""
     from sklearn_cuwide import GPULogisticRegression
 
     readers = [r for r in args.readers.split(",") if r]
-    if not readers or set(readers) - {"npz", "svmlight"}:
-        raise ValueError(f"--readers takes npz, svmlight or both, got {args.readers!r}")
+    if not readers or set(readers) - set(READERS):
+        raise ValueError(f"--readers takes some of {', '.join(READERS)}, got {args.readers!r}")
 
     # --chunks chunks of --chunk-rows rows: a stream of several chunks, in
     # which read_ahead hides every read but the first
     step = args.chunk_rows
     X, y, Xt, yt = _data(step * args.chunks, 22 if not args.smoke else 12, 2)
+    d = X.shape[1]
+    repeats = max(1, int(args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
-        chunks = []
-        for k, a in enumerate(range(0, X.shape[0], step)):
-            svm, npz = Path(tmp) / f"part{k}.svm", Path(tmp) / f"part{k}.npz"
-            if "svmlight" in readers:
-                dump_svmlight_file(X[a : a + step], y[a : a + step], str(svm),
-                                   zero_based=True)
-            sp.save_npz(npz, X[a : a + step], compressed=False)
-            np.save(Path(tmp) / f"part{k}.y.npy", y[a : a + step])
-            chunks.append((svm, npz, Path(tmp) / f"part{k}.y.npy"))
+        stems = [str(Path(tmp) / f"part{k}") for k in range(-(-X.shape[0] // step))]
+        for reader in readers:
+            for k, stem in enumerate(stems):
+                _write_chunk(reader, stem, X[k * step : (k + 1) * step],
+                             y[k * step : (k + 1) * step])
 
         def make():
             return GPULogisticRegression(solver="adagrad", max_iter=1, tol=None,
@@ -292,45 +327,48 @@ def part_partial(args, cp, device):
         # any timing: a 4096-row warm-up leaves the larger launches' kernels
         # to the first timed call
         make().fit(X, y)
-        t0 = time.perf_counter()
-        make().fit(X, y)
-        fit_s = time.perf_counter() - t0
-        out = {"rows": X.shape[0], "chunk_rows": step, "chunks": len(chunks),
-               "fit_s": fit_s}
+        fits = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            make().fit(X, y)
+            fits.append(time.perf_counter() - t0)
+        fit_s = float(np.median(fits))
+        out = {"rows": X.shape[0], "chunk_rows": step, "chunks": len(stems),
+               "repeats": repeats, "fit_s": fit_s, "fit_runs_s": fits}
         for reader in readers:
-            model = make()
-            read_s = train_s = 0.0
-            for svm, npz, ypath in chunks:
-                t0 = time.perf_counter()
-                if reader == "npz":
-                    Xc, yc = sp.load_npz(npz), np.load(ypath)
-                else:
-                    Xc, yc = load_svmlight_file(str(svm), n_features=X.shape[1],
-                                                zero_based=True, dtype=np.float32)
-                    yc = yc.astype(int)
-                t1 = time.perf_counter()
-                model.partial_fit(Xc, yc, classes=[0, 1])
-                train_s += time.perf_counter() - t1
-                read_s += t1 - t0
+            runs = []
+            for _ in range(1 if reader == "svmlight" else repeats):
+                model = make()
+                read_s = train_s = 0.0
+                for stem in stems:
+                    t0 = time.perf_counter()
+                    Xc, yc = _read_chunk(reader, stem, d)
+                    t1 = time.perf_counter()
+                    model.partial_fit(Xc, yc, classes=[0, 1])
+                    train_s += time.perf_counter() - t1
+                    read_s += t1 - t0
+                runs.append((read_s + train_s, read_s, train_s, model))
+            total, read_s, train_s, model = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
             out[reader] = {
                 "read_s": read_s, "partial_fit_s": train_s,
-                "share": fit_s / (read_s + train_s) if read_s + train_s > 0 else None,
+                "partial_fit_runs_s": [r[2] for r in runs],
+                "share": fit_s / total if total > 0 else None,
                 "share_partial_fit_only": fit_s / train_s if train_s > 0 else None,
                 "test_auc": float(roc_auc_score(yt, model.decision_function(Xt)))}
 
         # the user guide's recipe: the next chunk read while this one trains
-        def npz_chunks():
-            for _, npz, ypath in chunks:
-                yield sp.load_npz(npz), np.load(ypath)
-
-        model = make()
-        t0 = time.perf_counter()
-        for Xc, yc in read_ahead(npz_chunks()):
-            model.partial_fit(Xc, yc, classes=[0, 1])
-        wall = time.perf_counter() - t0
-        out["npz_read_ahead"] = {
-            "wall_s": wall, "share": fit_s / wall if wall > 0 else None,
-            "test_auc": float(roc_auc_score(yt, model.decision_function(Xt)))}
+        for reader in [r for r in readers if r != "svmlight"]:
+            walls = []
+            for _ in range(repeats):
+                model = make()
+                t0 = time.perf_counter()
+                for Xc, yc in read_ahead(_read_chunk(reader, stem, d) for stem in stems):
+                    model.partial_fit(Xc, yc, classes=[0, 1])
+                walls.append(time.perf_counter() - t0)
+            wall = float(np.median(walls))
+            out[f"{reader}_read_ahead"] = {
+                "wall_s": wall, "runs_s": walls, "share": fit_s / wall if wall > 0 else None,
+                "test_auc": float(roc_auc_score(yt, model.decision_function(Xt)))}
     return out
 
 
@@ -362,7 +400,7 @@ def table(res):
                  + (f", {s['run']['error'][:200]}" if "error" in s["run"] else ""))
     p = res.get("partial")
     if p:
-        for reader in ("npz", "svmlight"):
+        for reader in READERS:
             if reader not in p:
                 continue
             r = p[reader]
@@ -370,11 +408,12 @@ def table(res):
                      f"partial_fit {_f(r['partial_fit_s'])} s against fit {_f(p['fit_s'])} s:"
                      f" {_f(r['share'])} of its rate ({_f(r['share_partial_fit_only'])} "
                      f"without the reads; target >= {PARTIAL_SHARE_TARGET})")
-        r = p.get("npz_read_ahead")
-        if r:
-            L.append(f"partial_fit from npz files with read_ahead: {_f(r['wall_s'])} s "
-                     f"against fit {_f(p['fit_s'])} s: {_f(r['share'])} of its rate "
-                     f"(target >= {PARTIAL_SHARE_TARGET})")
+        for reader in READERS:
+            r = p.get(f"{reader}_read_ahead")
+            if r:
+                L.append(f"partial_fit from {reader} files with read_ahead: "
+                         f"{_f(r['wall_s'])} s against fit {_f(p['fit_s'])} s: "
+                         f"{_f(r['share'])} of its rate (target >= {PARTIAL_SHARE_TARGET})")
     return "\n".join(L)
 
 
@@ -396,8 +435,10 @@ def main(argv=None):
     ap.add_argument("--chunks", type=int, default=4,
                     help="the partial part's chunks, of --chunk-rows rows each (its "
                          "rows; --rows is the other parts')")
-    ap.add_argument("--readers", default="npz,svmlight",
-                    help="the partial part's file formats: npz, svmlight or both")
+    ap.add_argument("--readers", default=",".join(READERS),
+                    help="the partial part's file formats: some of " + ", ".join(READERS))
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="the partial part's runs of each measurement (the median)")
     ap.add_argument("--concurrency", default="1,auto",
                     help="the model part's runs: 1 (in order), auto, or both")
     args = ap.parse_args(argv)

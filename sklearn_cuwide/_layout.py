@@ -26,9 +26,15 @@ sample block are ``feat[tile_ptr[2*g]:tile_ptr[2*g+2]]``.
 A build has two steps.  :func:`plan_csr` (:func:`plan_layout` for a matrix)
 computes the :class:`LayoutPlan` with the array module of the matrix's
 arrays: the counts, the frequency ranking and the rows' lengths where the
-nonzeros are, and on the host only what is O(n_rows) or O(n_features): the
-row order (numpy's permutation, whatever the device), the mini-batch and
-sample-block boundaries, ``n_hot`` and the chunks of whole mini-batches.
+nonzeros are (the ranking's arrays stay there), and on the host only what is
+O(n_rows) or O(n_rows / batch_size): the row order (numpy's permutation,
+whatever the device), the mini-batch and sample-block boundaries, ``n_hot``
+and the chunks of whole mini-batches.  Rule: the ranking's arrays
+(``feature_order``, ``feature_rank``, ``feature_counts``) stay where they
+were computed, a GPU's for a matrix on it.  Why: a fit on the GPU reads
+them there (the tiling, the state's permutations); a round trip of three
+``n_features`` arrays is most of a small fit's (a ``partial_fit`` call's)
+fixed cost.
 :class:`LayoutTiler` then sorts each chunk's nonzeros into tiles with an
 array module ``xp`` that it is handed (numpy, or cupy); :func:`build_layout`
 runs both, chunk after chunk, and :func:`build_layout_csr` runs both on the
@@ -50,6 +56,7 @@ import scipy.sparse as sp
 __all__ = [
     "TileLayout", "LayoutPlan", "LayoutTiler", "plan_layout", "plan_csr", "tile_layout",
     "build_layout", "build_layout_csr", "layout_to_csr", "frequency_ranking", "penalty_scale",
+    "host_array",
 ]
 
 #: Largest sample block: local row ids are stored as uint16.
@@ -93,6 +100,9 @@ class TileLayout:
     feature_counts : ndarray of int64, shape (n_features,)
         Nonzero entries per feature (stored zeros not counted, each of a
         cell's duplicate entries counted), in the user's feature order.
+        These three are arrays of the module the matrix was planned with
+        (:func:`plan_csr`): the device's for a matrix planned on a GPU
+        (read them on the host with :func:`host_array`).
     penalty_factors : ndarray of float64, shape (n_features,), or None
         The per-feature penalty factor (:func:`penalty_scale`, layout order)
         of the layout this one is a window of (an out-of-core fit's window
@@ -166,16 +176,15 @@ def frequency_ranking(indices, n_features, xp=np, data=None):
     """Renumber features by descending frequency (ties keep their order).
 
     ``indices`` (and ``data``) may live on the device (``xp`` = cupy): they
-    are counted and ranked there; only the ``n_features`` results come to
-    the host.  With ``data``, entries whose value is 0 (stored zeros) are
+    are counted and ranked there, and the results stay there.  With ``data``, entries whose value is 0 (stored zeros) are
     not counted: a stored zero is no occurrence of its feature.
 
     The ranking is the stable argsort of ``-counts``, computed as a sort of
     the unique keys ``(max_count - count) * n_features + feature``: every
     sort (stable or not, numpy or cupy) gives that one order.
 
-    Returns ``(counts, order, rank)`` (numpy int64): ``order[new] = old``,
-    ``rank[old] = new``.
+    Returns ``(counts, order, rank)`` (int64 arrays of ``xp``, where the
+    indices are): ``order[new] = old``, ``rank[old] = new``.
     """
     return rank_features(feature_counts(indices, n_features, xp, data), xp)
 
@@ -215,11 +224,12 @@ def rank_features(counts, xp=np):
         order = xp.lexsort(xp.stack((ids, -counts)))
     rank = xp.empty(n, dtype=xp.int64)
     rank[order] = ids
-    return _to_host(counts), _to_host(order), _to_host(rank)
+    return counts, order, rank
 
 
-def _to_host(a):
-    """A numpy copy of a device array (numpy arrays as they are)."""
+def host_array(a):
+    """A numpy array of ``a``: numpy arrays as they are, a device array
+    copied (a layout's ranking arrays are where it was planned)."""
     return np.asarray(a) if isinstance(a, np.ndarray) else a.get()
 
 
@@ -274,8 +284,9 @@ def penalty_scale(layout, xp=np, chunk=1 << 22):
 
 @dataclass
 class LayoutPlan:
-    """Where every row and feature of a matrix goes (host arrays), and the
-    chunks of whole mini-batches its nonzeros are tiled in.
+    """Where every row and feature of a matrix goes, and the chunks of
+    whole mini-batches its nonzeros are tiled in (host arrays, but for the
+    ranking's, which are of the module the matrix was counted with).
 
     Computed by :func:`plan_layout` before any nonzero moves; the
     attributes shared with :class:`TileLayout` mean the same.  ``source`` is
@@ -470,9 +481,9 @@ def plan_csr(
     caller drew it already (the CUDA backend draws it while the CSR uploads).
 
     Every pass over the nonzeros (the counts) and over the rows (their
-    lengths in layout order) runs with ``xp``, where the arrays are; the
-    host computes and keeps what is O(n_rows / batch_size + n_features):
-    the ranking's results, the block boundaries, the chunks.  The row order
+    lengths in layout order) runs with ``xp``, where the arrays are, and
+    the ranking's results stay there; the host computes and keeps what is
+    O(n_rows / batch_size): the block boundaries, the chunks.  The row order
     is numpy's permutation (O(n_rows), on the host) whatever ``xp``, so that
     every device gives the same layout for the same seed.
     """
@@ -527,9 +538,8 @@ def plan_csr(
         sblock_row_ptr[1:] = np.minimum(ends, n_rows)
 
     n_hot = 0
-    if n_hot_max > 0 and n_sblocks:
-        ranked_counts = counts[order]
-        n_hot = int(np.count_nonzero(ranked_counts >= hot_min_per_block * n_sblocks))
+    if n_hot_max > 0 and n_sblocks:  # the ranked counts' leading run, counted in any order
+        n_hot = int(xp.count_nonzero(counts >= hot_min_per_block * n_sblocks))
         n_hot = min(n_hot, int(n_hot_max))
 
     # chunks of whole mini-batches, of about chunk_nnz input nonzeros: the
@@ -543,7 +553,7 @@ def plan_csr(
             row_len = row_len[xp.asarray(row_order)]
         cum = xp.cumsum(row_len)
         ends = np.minimum(np.arange(1, n_batches + 1, dtype=np.int64) * batch_size, n_rows)
-        batch_nnz_ptr[1:] = _to_host(cum[xp.asarray(ends - 1)])
+        batch_nnz_ptr[1:] = host_array(cum[xp.asarray(ends - 1)])
         del row_len, cum
     bounds = [0]
     if n_batches:
@@ -821,14 +831,14 @@ def layout_to_csr(layout):
     The inverse of :func:`build_layout`, used by the tests: rows and features
     are mapped back to the user's order.
     """
-    nnz_per_sblock = layout.tile_ptr[2::2] - layout.tile_ptr[:-1:2]
+    tile_ptr, row, feat, val, order = (host_array(a) for a in (
+        layout.tile_ptr, layout.row, layout.feat, layout.val, layout.feature_order))
+    nnz_per_sblock = tile_ptr[2::2] - tile_ptr[:-1:2]
     g = np.repeat(np.arange(layout.n_sblocks, dtype=np.int64), nnz_per_sblock)
-    lrow = layout.sblock_row_ptr[g] + layout.row.astype(np.int64)
+    lrow = layout.sblock_row_ptr[g] + row.astype(np.int64)
     rows = layout.row_order[lrow]
-    cols = layout.feature_order[layout.feat.astype(np.int64)]
-    X = sp.csr_matrix(
-        (layout.val, (rows, cols)), shape=(layout.n_rows, layout.n_features)
-    )
+    cols = order[feat.astype(np.int64)]
+    X = sp.csr_matrix((val, (rows, cols)), shape=(layout.n_rows, layout.n_features))
     X.sum_duplicates()
     X.sort_indices()
     return X

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._layout import TileLayout
+from ._layout import TileLayout, host_array
 from ._read_ahead import _read_ahead
 from ._sparse import with_columns
 from ._state import ModelState
@@ -333,7 +333,7 @@ def _ranges(xp, starts, stops):
 def ranked_counts(layout):
     """The layout's feature counts in layout order (what a window's are
     taken from: computed once per fit, not per window)."""
-    return np.asarray(layout.feature_counts)[np.asarray(layout.feature_order)]
+    return host_array(layout.feature_counts)[host_array(layout.feature_order)]
 
 
 class WindowStats:
@@ -689,7 +689,8 @@ class OutOfCoreModel:
         # 1/64 of the model's rows (the draw's temporaries: ~40 bytes a value),
         # straight into the host rows the fit keeps (page-locked for the CUDA
         # backend): no second host copy of the model
-        host = state.put_in_layout_order(layout.feature_order, _cpu, draw_with=backend,
+        host = state.put_in_layout_order(host_array(layout.feature_order), _cpu,
+                                         draw_with=backend,
                                          draw_rows=min(1 << 20, max(1, model_rows // 64)),
                                          empty=backend.empty_host_rows)
         # the plan's cold sets are those the windows are cut from: found once

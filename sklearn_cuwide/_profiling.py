@@ -243,17 +243,18 @@ class _Probe:
         import scipy.sparse as sp
 
         from ._kernels import train_instantiation
+        from ._layout import host_array
 
         be, L = self._be, self._layout
         if self._eval_X is not None:
-            self._Xe = be.put_csr(sp.csr_matrix(self._eval_X)[:, L.feature_order])
+            self._Xe = be.put_csr(sp.csr_matrix(self._eval_X)[:, host_array(L.feature_order)])
         if self._variant == "classic":
             X = self._X
             if type(X).__module__.startswith("cupyx"):  # the user's device matrix
                 X = X.get()
             X = X.tocsr()
             Xc = X[L.row_order if self._rows is None else self._rows[L.row_order]]
-            Xc.indices = np.asarray(L.feature_rank)[Xc.indices].astype(np.int32)
+            Xc.indices = host_array(L.feature_rank)[Xc.indices].astype(np.int32)
             Xc.sort_indices()
             self._Xc = be.put_csr(Xc, dtype=np.float32)
             srp, bsp = np.asarray(L.sblock_row_ptr), np.asarray(L.batch_sblock_ptr)

@@ -16,6 +16,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from ._host import all_finite
+from ._layout import host_array
 from ._lbfgs import minimize_lbfgs
 from ._loss import pointwise_loss
 from ._out_of_core import OutOfCoreModel
@@ -346,7 +347,7 @@ def fit_minibatch(
     if validation is not None:
         Xv, yv, swv = validation
         if ooc is not None:  # scored on the host, a device's worth of rows at a time
-            Xv = Xv.tocsr()[:, layout.feature_order]  # layout feature order
+            Xv = Xv.tocsr()[:, host_array(layout.feature_order)]  # layout feature order
             val = (Xv, np.asarray(yv, dtype=np.float64), np.asarray(swv, dtype=np.float64))
         else:
             # on the backend as they are, then in the layout's feature order
@@ -429,7 +430,8 @@ def fit_minibatch(
     elif tol is not None and n_iter < int(max_iter):
         progress.note(training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol))
     if ooc is not None:  # the host state (layout order), resident rows copied back
-        out = (best_state if restored else ooc.state()).permute_features(layout.feature_rank)
+        out = (best_state if restored else ooc.state()).permute_features(
+            host_array(layout.feature_rank))
         check_finite_state(out, n_iter, params)
     else:  # back to the user's feature order where the state is, checked, then one copy
         if restored:

@@ -356,8 +356,10 @@ class ModelState:
     def put_in_layout_order(self, order, backend, draw_with=None, draw_rows=1 << 20,
                             empty=None):
         """This state (user feature order) on ``backend``'s device in the
-        layout's feature order ``order`` (``order[new] = old``): the arrays
-        permuted, and factors not drawn yet (``factor_init``) drawn there,
+        layout's feature order ``order`` (``order[new] = old``; numpy, or
+        an array of ``backend``'s device for a layout planned there, but
+        numpy with ``draw_with``): the arrays permuted where ``backend``
+        computes, and factors not drawn yet (``factor_init``) drawn there,
         directly in that order (Adagrad's sums of them zero).  Arrays of
         zeros (a fresh fit's weights and sums) are made there instead:
         permuting and copying zeros is a host pass and a transfer for
@@ -385,18 +387,28 @@ class ModelState:
                 return _host.fill_rows(empty(shape, dtype), 0)
 
             blank = empty
-        dev = backend.put_state(replace(self, **dict.fromkeys(zero)).permute_features(
-            order, empty=empty))
+        kept = replace(self, **dict.fromkeys(zero))
+        xp = backend.xp
+        if xp is np:
+            dev = backend.put_state(kept.permute_features(order, empty=empty))
+        else:
+            # copied in the user's order, then permuted where the fit runs
+            # (``order`` may be the device's already): no host pass over the
+            # model's rows, and a continued fit's state crosses once
+            dev = backend.put_state(kept)
+            index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
+            for k in ("w", "V", "gw", "gV"):
+                if getattr(dev, k) is not None:
+                    setattr(dev, k, xp.ascontiguousarray(getattr(dev, k)[index]))
         for k, a in zero.items():
             setattr(dev, k, zeros(a.shape, a.dtype))
         if self.factor_init is None:
             return dev
         seed, scale, k = self.factor_init
-        xp = backend.xp
         if (draw_with is None or draw_with is backend) and xp is np:
             dev.V = _host_draw(seed, scale, order, k, self.w.dtype)
         elif draw_with is None or draw_with is backend:
-            features = xp.asarray(backend.to_device(np.asarray(order, dtype=np.int64)))
+            features = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
             dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
         else:
             order = np.asarray(order, dtype=np.int64)

@@ -716,15 +716,20 @@ def test_out_of_core_harness_smoke(tmp_path):
     assert res["stream"]["layout_bytes"] > 0 and res["stream"]["run"]["epoch_s"]
     assert res["partial"]["chunks"] == 4  # --chunks' default, of --chunk-rows each
     assert res["partial"]["rows"] == 4 * res["partial"]["chunk_rows"]
-    for reader in ("npz", "svmlight"):
+    for reader in out_of_core.READERS:
         part = res["partial"][reader]
         assert part["read_s"] > 0 and part["partial_fit_s"] > 0
         assert 0.5 < part["test_auc"] <= 1.0
-        assert f"partial_fit from {reader} files" in out_of_core.table(res)
+        # every format reads back the same chunks: the same model
+        assert part["test_auc"] == res["partial"]["npz"]["test_auc"], reader
+        assert f"partial_fit from {reader} files:" in out_of_core.table(res)
+    assert len(res["partial"]["fit_runs_s"]) == res["partial"]["repeats"] == 3
     # the recipe through read_ahead: the same model as the loop without it
-    ahead = res["partial"]["npz_read_ahead"]
-    assert ahead["wall_s"] > 0 and ahead["test_auc"] == res["partial"]["npz"]["test_auc"]
-    assert "with read_ahead" in out_of_core.table(res)
+    for reader in ("npy", "npz"):
+        ahead = res["partial"][f"{reader}_read_ahead"]
+        assert ahead["wall_s"] > 0 and ahead["test_auc"] == res["partial"]["npz"]["test_auc"]
+        assert f"partial_fit from {reader} files with read_ahead" in out_of_core.table(res)
+    assert "svmlight_read_ahead" not in res["partial"]
     # the pool's peaks: what a wrapped allocator sees (a stand-in pool)
     pool = _StandInPool()
     def previous(n):

@@ -346,6 +346,10 @@ def test_uploaded_then_built_on_the_device(shuffle):
     B = up.build_on_device(X, fake, chunk_nnz=701, upload_chunk_nnz=1999, **kw)
     _assert_same(build_layout(X, **kw), B, "uploaded")
     assert fake.n_async_copies == 2 * -(-X.nnz // 1999)
+    from .test_gpu_upload import _Dev
+
+    for name in ("feature_order", "feature_rank", "feature_counts"):  # no round trip
+        assert isinstance(getattr(B, name), _Dev), name
 
 
 def test_build_site():
@@ -434,6 +438,55 @@ def test_fit_on_a_device_module_gathers_there_and_fits_the_same_model():
     for k in ("w", "b", "V", "gw", "gV"):
         np.testing.assert_allclose(np.asarray(getattr(b, k)), getattr(a, k), rtol=1e-5,
                                    atol=1e-7, err_msg=k)
+
+
+def test_continued_state_is_permuted_on_the_device():
+    """put_in_layout_order on a device backend (the stand-in) of a continued
+    model's state, the layout's order a device array: the state crosses in
+    the user's order and is permuted there, with the host permutation's bits
+    (zero arrays made there, factors not drawn drawn there)."""
+    import types
+
+    from sklearn_cuwide._backends import _cpu
+
+    from .test_gpu_upload import _Dev
+
+    rng = np.random.default_rng(8)
+    d, k = 517, 5
+    order = rng.permutation(d).astype(np.int64)
+    fake = _FakeCupy()
+    put = []
+
+    def put_state(state):
+        put.append({n: np.array(a) for n, a in state.arrays().items()})
+        out = ModelState(w=None, b=None)
+        for n, a in state.arrays().items():
+            setattr(out, n, np.array(a).view(_Dev))
+        return out
+
+    dev = types.SimpleNamespace(xp=fake, put_state=put_state,
+                                to_device=lambda a: np.asarray(a).view(_Dev))
+    warm = ModelState(w=rng.normal(size=(d, 1)).astype(np.float32),
+                      b=np.array([0.3], np.float32),
+                      V=rng.normal(size=(d, k)).astype(np.float32),
+                      gw=rng.random((d, 1)).astype(np.float32),
+                      gb=np.array([0.2], np.float32),
+                      gV=np.zeros((d, k), np.float32))
+    fresh = ModelState.zeros(d, 1, k, adagrad=True, init_scale=0.05, random_state=3,
+                             draw=False)
+    for st in (warm, fresh):
+        put.clear()
+        want = st.put_in_layout_order(order, _cpu)
+        got = st.put_in_layout_order(order.view(_Dev), dev)
+        (sent,) = put
+        for name, a in sent.items():  # what crossed: the user's order
+            np.testing.assert_array_equal(a, getattr(st, name), err_msg=name)
+        for name, a in want.arrays().items():
+            b = getattr(got, name)
+            assert isinstance(b, _Dev), name
+            np.testing.assert_array_equal(np.asarray(b).view(np.uint8),
+                                          np.asarray(a).view(np.uint8), err_msg=name)
+    assert set(sent) == {"b", "gb"}  # a fresh model's zeros never cross
 
 
 def test_factors_drawn_by_another_device_in_parts_are_the_same_bits():

@@ -130,8 +130,8 @@ def test_gpu_ranking_and_factors_are_numpys_bits():
     val = rng.integers(0, 4, idx.size).astype(np.float32)
     for a, b in zip(frequency_ranking(idx, 5000, data=val),
                     frequency_ranking(cp.asarray(idx), 5000, xp=cp, data=cp.asarray(val))):
-        assert isinstance(b, np.ndarray)
-        np.testing.assert_array_equal(a, b)
+        assert isinstance(b, cp.ndarray)  # the ranking stays where it was computed
+        np.testing.assert_array_equal(a, b.get())
     z = counter_normal(np, 12, np.arange(1 << 22))
     w = counter_normal(cp, 12, cp.arange(1 << 22))
     np.testing.assert_array_equal(z.view(np.uint64), w.get().view(np.uint64))

@@ -72,7 +72,8 @@ class Backend(Protocol):
 
     def csr_in_layout_order(self, X, feature_order, feature_rank):
         """``X`` (``put_csr``'s) with its columns in a layout's feature order
-        (``X[:, feature_order]``; ``feature_rank`` its inverse, both numpy),
+        (``X[:, feature_order]``; ``feature_rank`` its inverse, both arrays
+        of the layout: numpy, or this backend's device arrays),
         for ``decision_function`` alone: its rows may be left unsorted."""
 
     # -- mini-batch training -------------------------------------------------

@@ -259,11 +259,14 @@ def train_round(shard, states, params, heads, rng_states, comm, rank, *, shuffle
         # permute_features shares the intercepts, which run_epoch updates in
         # place: the global model the other partitions start from is copied
         st = ModelState(**{k: np.array(v) for k, v in st.arrays().items()})
-        dstate = be.put_state(st.permute_features(layout.feature_order))
+        dstate = st.put_in_layout_order(layout.feature_order, be)
         lsum = be.run_epoch(cache["device_layout"], cache["y"][h], cache["sw"],
                             cache["batch_weight"], dstate, params, order[lo:hi],
                             workers=cache["workers"], ramp=ramp)
-        outs.append(be.get_state(dstate).permute_features(layout.feature_rank))
+        # back to the user's order where the state is (the layout's ranking
+        # is where it was planned), then one copy
+        outs.append(be.get_state(dstate.permute_features(
+            be.to_device(layout.feature_rank), be.xp)))
         losses.append(float(lsum))
         new_rng.append(rng.bit_generator.state)
     buf, _ = pack_states(outs)

@@ -270,7 +270,7 @@ def csr_in_layout_order(X, feature_order, feature_rank):
     sums a row's entries in any order, and the rows stay duplicate-free.
     The matrix is flagged canonical for ``put_csr`` to take it as it is:
     scipy-style operations that need sorted rows must not get it."""
-    rank = cp.asarray(np.asarray(feature_rank)).astype(X.indices.dtype, copy=False)
+    rank = cp.asarray(feature_rank).astype(X.indices.dtype, copy=False)
     out = cpsp.csr_matrix((X.data, rank[X.indices], X.indptr), shape=X.shape)
     out.has_canonical_format = True
     return out
