@@ -22,7 +22,8 @@ times:
 ``partial``
     ``partial_fit`` over ``--chunks`` chunks of ``--chunk-rows`` rows (4 of
     1M by default) read from files on disk (``--readers``): a CSR's arrays
-    as ``.npy`` files (``numpy.load``), an uncompressed ``.npz``
+    as ``.npy`` files (``numpy.load``; "mmap": the same files mapped, with
+    ``mmap_mode="r"``, read by the call's own passes), an uncompressed ``.npz``
     (``scipy.sparse.load_npz``) and svmlight text (``load_svmlight_file``),
     reads and ``partial_fit`` timed apart, and the user guide's recipe (the
     chunks through :func:`sklearn_cuwide.read_ahead`: the next read while
@@ -258,14 +259,15 @@ def part_stream(args, cp, device):
 
 
 #: the partial part's file formats: how a chunk is written, and read back
-READERS = ("npy", "npz", "svmlight")
+#: ("mmap": the "npy" files mapped, read where partial_fit reads them)
+READERS = ("npy", "mmap", "npz", "svmlight")
 
 
 def _write_chunk(reader, stem, X, y):
     """Chunk ``X, y`` as the files of ``reader`` (paths from ``stem``)."""
     import scipy.sparse as sp
 
-    if reader == "npy":  # the CSR's arrays as they are: no archive, no parser
+    if reader in ("npy", "mmap"):  # the CSR's arrays as they are: no archive, no parser
         for name in ("indptr", "indices", "data"):
             np.save(f"{stem}.{name}.npy", getattr(X, name))
     elif reader == "npz":
@@ -280,8 +282,10 @@ def _read_chunk(reader, stem, n_features):
     import scipy.sparse as sp
 
     y = np.load(f"{stem}.y.npy")
-    if reader == "npy":
-        arrays = [np.load(f"{stem}.{name}.npy") for name in ("data", "indices", "indptr")]
+    if reader in ("npy", "mmap"):
+        mode = "r" if reader == "mmap" else None
+        arrays = [np.load(f"{stem}.{name}.npy", mmap_mode=mode)
+                  for name in ("data", "indices", "indptr")]
         return sp.csr_matrix(tuple(arrays), shape=(arrays[2].size - 1, n_features)), y
     if reader == "npz":
         return sp.load_npz(f"{stem}.npz"), y
@@ -314,6 +318,8 @@ def part_partial(args, cp, device):
     with tempfile.TemporaryDirectory() as tmp:
         stems = [str(Path(tmp) / f"part{k}") for k in range(-(-X.shape[0] // step))]
         for reader in readers:
+            if reader == "mmap" and "npy" in readers:
+                continue  # the same files
             for k, stem in enumerate(stems):
                 _write_chunk(reader, stem, X[k * step : (k + 1) * step],
                              y[k * step : (k + 1) * step])
@@ -357,7 +363,8 @@ def part_partial(args, cp, device):
                 "test_auc": float(roc_auc_score(yt, model.decision_function(Xt)))}
 
         # the user guide's recipe: the next chunk read while this one trains
-        for reader in [r for r in readers if r != "svmlight"]:
+        # (not for mapped files: they are read during the call, on its threads)
+        for reader in [r for r in readers if r in ("npy", "npz")]:
             walls = []
             for _ in range(repeats):
                 model = make()

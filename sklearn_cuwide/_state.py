@@ -41,6 +41,13 @@ def shared_draws():
         _SHARED_DRAWS.reset(token)
 
 
+def _all_zero(a, head=4096):
+    """Whether every value of ``a`` is 0, its first ``head`` rows looked
+    at first: a trained state is nonzero there almost always, and is then
+    told without a pass over all its rows."""
+    return not a[:head].any() and not a.any()
+
+
 def _host_draw(seed, scale, order, k, dtype):
     """:func:`draw_factors` of the features ``order`` on the host, taken
     from :func:`shared_draws`' kept draw when it is the same one."""
@@ -375,7 +382,7 @@ class ModelState:
         no second host copy of the model); factors the host draws itself
         come in an array of their own."""
         zero = {k: getattr(self, k) for k in ("w", "V", "gw", "gV")
-                if getattr(self, k) is not None and not getattr(self, k).any()}
+                if getattr(self, k) is not None and _all_zero(getattr(self, k))}
         if empty is None:
             def zeros(shape, dtype):
                 return backend.xp.zeros(shape, dtype=dtype)

@@ -720,16 +720,21 @@ def test_out_of_core_harness_smoke(tmp_path):
         part = res["partial"][reader]
         assert part["read_s"] > 0 and part["partial_fit_s"] > 0
         assert 0.5 < part["test_auc"] <= 1.0
-        # every format reads back the same chunks: the same model
-        assert part["test_auc"] == res["partial"]["npz"]["test_auc"], reader
+        # every format reads back the same chunks: the same model (on the
+        # CPU: a GPU's atomics may round two fits differently)
+        if res["device"] == "cpu":
+            assert part["test_auc"] == res["partial"]["npz"]["test_auc"], reader
         assert f"partial_fit from {reader} files:" in out_of_core.table(res)
     assert len(res["partial"]["fit_runs_s"]) == res["partial"]["repeats"] == 3
     # the recipe through read_ahead: the same model as the loop without it
     for reader in ("npy", "npz"):
         ahead = res["partial"][f"{reader}_read_ahead"]
-        assert ahead["wall_s"] > 0 and ahead["test_auc"] == res["partial"]["npz"]["test_auc"]
+        assert ahead["wall_s"] > 0
+        if res["device"] == "cpu":
+            assert ahead["test_auc"] == res["partial"]["npz"]["test_auc"]
         assert f"partial_fit from {reader} files with read_ahead" in out_of_core.table(res)
     assert "svmlight_read_ahead" not in res["partial"]
+    assert "mmap_read_ahead" not in res["partial"]  # read during the calls
     # the pool's peaks: what a wrapped allocator sees (a stand-in pool)
     pool = _StandInPool()
     def previous(n):
