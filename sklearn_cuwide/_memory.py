@@ -439,6 +439,9 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         return phases
     # the device (CUDA backend)
     base = dict(val)
+    # a layout planned on the device keeps its frequency ranking there (the
+    # counts, the order and the rank, int64): through the build and the epochs
+    ranked_on_device = layout == "device" and (s.on_device or csr_whole)
     if layout == "device":
         c_nnz, c_rows, n_chunks = chunk_bounds(s.nnz, n, s.batch_size, s.max_row_nnz,
                                                DEVICE_CHUNK_NNZ)
@@ -453,7 +456,8 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
             **base, "the training layout": lay,
             "X uploaded whole": (csr_bytes(s.nnz, n, s.index_itemsize, s.value_itemsize)
                                  if csr_whole and not s.on_device else 0),
-            "feature ranks and block pointers": 8 * d + 8 * (n_batches + 1),
+            "the feature ranking and block pointers": ((24 if ranked_on_device else 8) * d
+                                                       + 8 * (n_batches + 1)),
             "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if whole else 0),
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
@@ -476,6 +480,8 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         train["two streamed chunks of the layout"] = 2 * c_nnz * per_nnz
     else:
         train["the training layout"] = lay
+    if ranked_on_device:
+        train["the layout's feature ranking"] = 24 * d
     rows = d if s.model_rows is None else min(int(s.model_rows), d)
     dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
     if rows < d and s.penalty_scaled and layout == "device":
@@ -486,6 +492,12 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
             **train, "the penalty factors' computation": 28 * d,
             "targets, sample weights and batch order": 8 * n + 8 * n_batches}
     train["the model state"] = dev_state
+    if rows == d:
+        # its feature order changed where it trains (a continued state into
+        # the layout's, every state back): one array at a time, with the
+        # order's int64 copy
+        train["the model state's permutation"] = (
+            COMPUTE_ITEMSIZE * d * max(s.n_outputs, s.n_factors) + 8 * d)
     if s.validation_fraction is not None and rows == d:  # early stopping's best epoch
         train["the best epoch's copy of the model state"] = dev_state
     if rows < d:  # out of core: a window's layout, the rows on their way
@@ -502,8 +514,9 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     # temporaries; out of core a window's, taken from the whole layout's on
     # the host and kept on the device, WindowStats), their copy
     # beside Adagrad's sums, and the step scales of concurrent workers: the
-    # counts and the feature order uploaded with the float32 shares of
-    # mini-batches they give in one pass (20 bytes), then the shares kept
+    # counts and the feature order (uploaded unless the ranking is on the
+    # device already) with the float32 shares of mini-batches they give in
+    # one pass (20 bytes), then the shares kept
     # with a level's scales and their temporaries (17); out of core, again
     # for every window
     penalty = 0

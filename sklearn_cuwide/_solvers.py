@@ -436,7 +436,7 @@ def fit_minibatch(
     else:  # back to the user's feature order where the state is, checked, then one copy
         if restored:
             _put_back(dstate, best_state)
-        out = dstate.permute_features(backend.to_device(layout.feature_rank), xp)
+        out = dstate.take_features(backend.to_device(layout.feature_rank), xp)
         del dstate
         check_finite_state(out, n_iter, params, xp)
         out = backend.get_state(out)

@@ -347,6 +347,23 @@ class ModelState:
         out.gb = self.gb
         return out
 
+    def take_features(self, index, xp=np):
+        """:meth:`permute_features` that gives this state's arrays up as it
+        goes (each set to None once permuted): at most one array's copy is
+        held beside the state.  Rule: a state permuted where it trains is
+        taken, not copied.  Why: the memory plan counts one array and the
+        index beside the model, not a second model."""
+        out = ModelState(w=None, b=None, factor_init=self.factor_init)
+        for k in ("w", "V", "gw", "gV"):
+            a = getattr(self, k)
+            setattr(self, k, None)
+            if a is not None:
+                setattr(out, k, _host.take_rows(a, index) if xp is np
+                        else xp.ascontiguousarray(a[index]))
+            del a
+        out.b, out.gb = self.b, self.gb
+        return out
+
     def put_features(self, index, sub):
         """Write ``sub``'s features into this state's features ``index``
         (feature ``index[j]`` becomes ``sub``'s ``j``; numpy, in place), and
@@ -395,17 +412,20 @@ class ModelState:
 
             blank = empty
         kept = replace(self, **dict.fromkeys(zero))
-        xp = backend.xp
+        xp, index = backend.xp, None  # index: ``order`` on the device, once
         if xp is np:
             dev = backend.put_state(kept.permute_features(order, empty=empty))
         else:
             # copied in the user's order, then permuted where the fit runs
-            # (``order`` may be the device's already): no host pass over the
-            # model's rows, and a continued fit's state crosses once
+            # (``order`` may be the device's already), one array at a time:
+            # no host pass over the model's rows, and a continued fit's
+            # state crosses once
             dev = backend.put_state(kept)
-            index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
             for k in ("w", "V", "gw", "gV"):
                 if getattr(dev, k) is not None:
+                    if index is None:
+                        index = xp.asarray(backend.to_device(order)).astype(xp.int64,
+                                                                            copy=False)
                     setattr(dev, k, xp.ascontiguousarray(getattr(dev, k)[index]))
         for k, a in zero.items():
             setattr(dev, k, zeros(a.shape, a.dtype))
@@ -415,8 +435,9 @@ class ModelState:
         if (draw_with is None or draw_with is backend) and xp is np:
             dev.V = _host_draw(seed, scale, order, k, self.w.dtype)
         elif draw_with is None or draw_with is backend:
-            features = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
-            dev.V = draw_factors(xp, seed, scale, features, k, dtype=self.w.dtype)
+            if index is None:
+                index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
+            dev.V = draw_factors(xp, seed, scale, index, k, dtype=self.w.dtype)
         else:
             order = np.asarray(order, dtype=np.int64)
             dev.V = blank((order.shape[0], k), self.w.dtype)

@@ -489,6 +489,32 @@ def test_continued_state_is_permuted_on_the_device():
     assert set(sent) == {"b", "gb"}  # a fresh model's zeros never cross
 
 
+@pytest.mark.parametrize("where", ["numpy", "stand-in"])
+def test_a_state_taken_into_another_order_is_the_permuted_one(where):
+    """take_features: permute_features' arrays, bit for bit, this state's
+    given up as it goes (what the fit's permutation back holds is one array
+    beside the state, as the memory plan counts)."""
+    from .test_gpu_upload import _Dev
+
+    rng = np.random.default_rng(5)
+    d, k = 300, 4
+    xp = np if where == "numpy" else _FakeCupy()
+    index = rng.permutation(d)
+    st = ModelState(w=rng.normal(size=(d, 1)).astype(np.float32), b=np.array([0.5]),
+                    V=rng.normal(size=(d, k)).astype(np.float32),
+                    gw=rng.random((d, 1)).astype(np.float32), gb=np.array([0.1]),
+                    gV=rng.random((d, k)).astype(np.float32))
+    want = st.permute_features(index)
+    if xp is not np:
+        for name in ("w", "V", "gw", "gV"):
+            setattr(st, name, getattr(st, name).view(_Dev))
+        index = index.view(_Dev)
+    got = st.take_features(index, xp)
+    assert all(getattr(st, name) is None for name in ("w", "V", "gw", "gV"))
+    for name, a in want.arrays().items():
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), a, err_msg=name)
+
+
 def test_factors_drawn_by_another_device_in_parts_are_the_same_bits():
     """put_in_layout_order(draw_with=...): the factors drawn by another
     backend (the stand-in's "device"), a few features at a time, copied to

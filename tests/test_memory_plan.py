@@ -275,6 +275,29 @@ def test_a_device_layout_of_host_input_counts_its_csr_when_uploaded_whole():
     assert plan.needs["device"]["layout build"]["X uploaded whole"] == 0
 
 
+def test_a_ranking_planned_on_the_device_is_counted_while_it_stays_there():
+    """A layout planned on the GPU (its CSR there: uploaded whole, or cupy
+    input) keeps the frequency ranking there, three int64 arrays of
+    n_features, through the build and the epochs; planned on the host, the
+    build holds the rank it uploads and the epochs nothing of it.  The
+    state's permutation where it trains: its largest array and the order."""
+    s = _shape()
+    d = s.n_features
+    for shape, whole, on_device in ((s, True, True), (s, False, False),
+                                    (replace(s, on_device=True), False, True)):
+        dev = _memory.fit_needs(shape, "cuda", "device", csr_whole=whole)["device"]
+        pointers = 8 * (-(-shape.n_rows // shape.batch_size) + 1)
+        assert (dev["layout build"]["the feature ranking and block pointers"]
+                == (24 if on_device else 8) * d + pointers)
+        assert dev["training"].get("the layout's feature ranking", 0) == (
+            24 * d if on_device else 0)
+        assert dev["training"]["the model state's permutation"] == 4 * d * max(
+            shape.n_outputs, shape.n_factors) + 8 * d
+    ooc_shape = replace(s, model_rows=d // 2)
+    dev = _memory.fit_needs(ooc_shape, "cuda", "device")["device"]
+    assert "the model state's permutation" not in dev["training"]  # on the host there
+
+
 def test_out_of_core_penalty_factors_are_computed_before_the_model_is_placed():
     """Scaled penalties out of core: the whole layout's factors (their
     O(n_features) temporaries, on the device when the layout is there) are

@@ -265,7 +265,7 @@ def train_round(shard, states, params, heads, rng_states, comm, rank, *, shuffle
                             workers=cache["workers"], ramp=ramp)
         # back to the user's order where the state is (the layout's ranking
         # is where it was planned), then one copy
-        outs.append(be.get_state(dstate.permute_features(
+        outs.append(be.get_state(dstate.take_features(
             be.to_device(layout.feature_rank), be.xp)))
         losses.append(float(lsum))
         new_rng.append(rng.bit_generator.state)
