@@ -625,7 +625,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         X : {array-like, sparse matrix} of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
         classes : array-like of shape (n_classes,), default=None
-            All the classes; required on the first call.
+            All the classes; required on the first call, whose rows' class
+            rates start the intercept (at 0 where they lack a class).
         sample_weight : array-like of shape (n_samples,), default=None
 
         Returns

@@ -460,7 +460,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         X : {array-like, sparse matrix} of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
         classes : array-like of shape (n_classes,), default=None
-            All the classes; required on the first call.
+            All the classes; required on the first call, whose rows' class
+            rates start the intercept (at 0 where they lack a class).
         sample_weight : array-like of shape (n_samples,), default=None
 
         Returns
@@ -610,9 +611,13 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
 
 def _intercept_prior(y_idx, sw, n_outputs):
-    """Intercepts of the weighted class prior (the model with zero weights)."""
+    """Intercepts of the weighted class prior (the model with zero weights);
+    zeros where a class has no weight in the rows (:func:`logit_prior`'s
+    rule: a ``partial_fit`` call's rows may lack a class)."""
     if n_outputs == 1:
         return logit_prior((y_idx == 1).astype(np.float64), sw)
     p = np.bincount(y_idx, weights=sw, minlength=n_outputs) / sw.sum()
+    if not (p > 0).all():
+        return np.zeros(n_outputs)
     lp = np.log(np.clip(p, 1e-6, None))
     return lp - lp.mean()

@@ -23,6 +23,7 @@ from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
 from ._state import FitProgress
+from ._validation import host_reduce
 from ._warn import warn
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
@@ -454,11 +455,30 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
 
 
 def rows_nnz(X, rows, backend):
-    """Stored entries of the rows ``rows`` of the CSR ``X`` (None: all)."""
+    """Nonzeros of the rows ``rows`` of the CSR ``X`` (None: all): its
+    stored entries less those whose value is 0.  Rule: a stored zero counts
+    for nothing.  Why: the layout drops it (no occurrence of its feature),
+    so the same matrix with or without stored zeros trains the same model,
+    its ``"auto"`` penalties included.  One count over the values (on the
+    host's threads, or the device's); the rows' zeros located only when
+    there are any."""
+    on_device = _device.is_cupy_array(X)
+    if on_device:
+        zeros = int(X.nnz) - int(backend.xp.count_nonzero(X.data))
+    else:
+        zeros = int(X.nnz) - host_reduce(np.count_nonzero, np.asarray(X.data).reshape(-1), sum)
     if rows is None:
-        return int(X.nnz)
-    r = backend.to_device(rows) if _device.is_cupy_array(X) else rows
-    return int((X.indptr[r + 1] - X.indptr[r]).sum())
+        return int(X.nnz) - zeros
+    r = backend.to_device(rows) if on_device else rows
+    held = int((X.indptr[r + 1] - X.indptr[r]).sum())
+    if zeros == 0:
+        return held
+    xp = backend.xp if on_device else np
+    at = xp.flatnonzero(X.data == 0)  # the zeros, and the rows holding them
+    row_of = xp.searchsorted(X.indptr, at, side="right") - 1
+    chosen = xp.zeros(X.shape[0], dtype=bool)
+    chosen[r] = True
+    return held - int(chosen[row_of].sum())
 
 
 def _take_rows(X, rows, backend):
@@ -487,8 +507,15 @@ def restore_accumulators(state, saved):
 
 
 def logit_prior(y01, sw):
-    """log(p / (1 - p)) of the weighted positive rate (clipped)."""
+    """log(p / (1 - p)) of the weighted positive rate (clipped), the
+    intercept a fresh model starts from; 0 where the rows hold one outcome
+    only.  Rule: no rate, no prior.  Why: a ``partial_fit`` call's rows
+    may lack a class that the stream holds (``classes`` names it), and an
+    intercept started at the clip (-13.8) takes Adagrad's decaying steps
+    many chunks to leave."""
     p = float(np.dot(sw, y01) / sw.sum())
+    if not 0.0 < p < 1.0:
+        return 0.0
     p = min(max(p, 1e-6), 1 - 1e-6)
     return np.log(p / (1 - p))
 
@@ -564,7 +591,7 @@ def mean_row_nonzeros(X, rows, sw, backend):
     the backend's device), weighted by ``sw`` (the rows' ``rows`` of ``X``;
     None: all): stored zeros are not counted, and an integer weight counts
     as that many copies of its row.  (The ``"auto"`` factor penalty's ``m``
-    is the plain mean of the stored entries, :func:`rows_nnz`.)"""
+    is the plain mean, :func:`rows_nnz`.)"""
     xp = np if isinstance(X.data, np.ndarray) else backend.xp
     per_row = xp.diff(X.indptr).astype(xp.int64)
     zeros = xp.flatnonzero(X.data == 0)  # stored zeros: few, if any

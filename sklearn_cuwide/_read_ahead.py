@@ -7,6 +7,7 @@ one after the other, where the two could overlap (file reads and parsers
 release the GIL, the GPU trains while the host waits).
 """
 
+import numbers
 import queue
 import threading
 
@@ -52,7 +53,7 @@ def read_ahead(chunks, ahead=1):
     >>> [c for c in read_ahead(chunks())]
     [[0, 1], [2, 3], [4, 5]]
     """
-    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 1:
+    if isinstance(ahead, bool) or not isinstance(ahead, numbers.Integral) or ahead < 1:
         raise ValueError(f"ahead must be an int >= 1, got {ahead!r}")
     return _read_ahead(iter(chunks), int(ahead))
 

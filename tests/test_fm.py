@@ -448,6 +448,57 @@ def test_regressor_small_data_step_follows_the_rows_nonzeros():
     np.testing.assert_array_equal(a.factors_, b.factors_)
 
 
+def test_rows_nnz_against_a_loop():
+    """The "auto" factor penalty's nonzeros of the training rows: stored
+    zeros not counted, with and without a row subset."""
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._minibatch import rows_nnz
+
+    cpu = get_backend("cpu")
+    X = sp.random(60, 30, density=0.2, format="csr", random_state=4)
+    dense = X.toarray()
+    rows = np.random.default_rng(1).permutation(60)[:37]
+    for zeros in (False, True):
+        if zeros:
+            X.data[::3] = 0.0  # stored zeros
+            dense = X.toarray()
+        assert X.nnz > np.count_nonzero(dense) or not zeros
+        assert rows_nnz(X, None, cpu) == np.count_nonzero(dense)
+        assert rows_nnz(X, rows, cpu) == np.count_nonzero(dense[rows])
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_stored_zeros_do_not_change_the_auto_penalties(Est):
+    """The same matrix with stored zeros trains the same model at the
+    defaults ("auto" alpha and beta read the rows' nonzeros), by fit with
+    early stopping's split and by partial_fit."""
+    X, y = make_ctr_classification(3000, n_features=2**9, random_state=0)[:2]
+    X = sp.csr_matrix(X, dtype=np.float64)
+    rows = np.repeat(np.arange(X.shape[0]), 2)
+    Z = sp.csr_matrix((np.concatenate([X.data, np.zeros(2 * X.shape[0])]),
+                       (np.concatenate([np.repeat(np.arange(X.shape[0]), np.diff(X.indptr)),
+                                        rows]),
+                        np.concatenate([X.indices, np.tile([X.shape[1] - 1, 3], X.shape[0])]))),
+                      shape=X.shape)
+    Z.sum_duplicates()
+    Z = sp.csr_matrix((Z.data, Z.indices, Z.indptr), shape=Z.shape)  # zeros stored
+    assert Z.nnz > X.nnz and abs(Z - X).max() == 0
+    kw = dict(device="cpu", random_state=0, max_iter=3, tol=None)
+    for how in ("fit", "partial_fit"):
+        models = []
+        for M in (X, Z):
+            est = Est(**kw, early_stopping=True, validation_fraction=0.2)
+            if how == "fit":
+                est.fit(M, y)
+            else:
+                est.partial_fit(M, y, **({"classes": [0, 1]}
+                                         if Est is GPUFactorizationMachine else {}))
+            models.append(est)
+        a, b = models
+        np.testing.assert_array_equal(a.coef_, b.coef_, err_msg=how)
+        np.testing.assert_array_equal(a.factors_, b.factors_, err_msg=how)
+
+
 def test_mean_row_nonzeros_against_a_loop():
     """The regressor's step reads the weighted mean nonzeros of the training
     rows: stored zeros not counted, an integer weight as copies of its row."""

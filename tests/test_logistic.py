@@ -289,6 +289,45 @@ def test_partial_fit_improves_and_accumulates(sparse_binary):
     assert est.loss_curve_[-1] < first
 
 
+@pytest.mark.parametrize("make", [
+    lambda: GPULogisticRegression(solver="adagrad", device="cpu", random_state=0),
+    lambda: __import__("sklearn_cuwide").GPUFactorizationMachine(device="cpu",
+                                                                 random_state=0)],
+    ids=["lr", "fm"])
+def test_partial_fit_first_chunk_of_one_class_does_not_pin_the_intercept(make):
+    """A stream's first chunk holding one of the named classes only starts
+    the intercept at 0, not at the clipped log-odds (-13.8), which Adagrad's
+    decaying steps would take many chunks to leave: the stream then learns
+    as one whose first chunk holds both."""
+    X, y = make_ctr_classification(30_000, n_features=2**10, random_state=0)[:2]
+    Xt, yt, X, y = X[24_000:], y[24_000:], X[:24_000], y[:24_000]
+    first = {"one class": np.flatnonzero(y == 0)[:500], "both": np.arange(500)}
+    auc = {}
+    for name, rows in first.items():
+        est = make()
+        est.partial_fit(X[rows], y[rows], classes=[0, 1])
+        if name == "one class":
+            assert abs(float(est.intercept_[0])) < 1.0
+        for start in range(0, 24_000, 4_000):
+            est.partial_fit(X[start:start + 4_000], y[start:start + 4_000])
+        auc[name] = roc_auc_score(yt, est.decision_function(Xt))
+    assert auc["one class"] > auc["both"] - 0.005
+
+
+def test_class_priors_without_a_class_are_zero():
+    """The intercepts' starting prior: the weighted log-odds (softmax
+    log-priors, centred), and 0 where the rows lack a class."""
+    from sklearn_cuwide._logistic import _intercept_prior
+    from sklearn_cuwide._minibatch import logit_prior
+
+    sw = np.array([1.0, 2.0, 1.0])
+    assert logit_prior(np.array([0.0, 1.0, 1.0]), sw) == pytest.approx(np.log(3.0))
+    assert logit_prior(np.zeros(3), sw) == 0.0 and logit_prior(np.ones(3), sw) == 0.0
+    lp = np.log(np.array([1.0, 2.0, 1.0]) / 4)
+    assert_allclose(_intercept_prior(np.array([0, 1, 2]), sw, 3), lp - lp.mean())
+    assert_array_equal(_intercept_prior(np.array([0, 2, 2]), sw, 3), np.zeros(3))
+
+
 def test_partial_fit_only_for_minibatch_solvers(sparse_binary):
     assert not hasattr(GPULogisticRegression(solver="lbfgs"), "partial_fit")
     assert hasattr(GPULogisticRegression(solver="sgd"), "partial_fit")

@@ -4,6 +4,7 @@ where the item would have come, and an early exit that stops the reads."""
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from sklearn_cuwide import read_ahead
@@ -65,10 +66,14 @@ def test_leaving_early_stops_the_reads():
     assert len(read) <= 5
 
 
-@pytest.mark.parametrize("ahead", [0, -1, 1.5, True, "2"])
+@pytest.mark.parametrize("ahead", [0, -1, 1.5, True, "2", np.int64(0)])
 def test_ahead_is_checked_at_the_call(ahead):
     with pytest.raises(ValueError, match="ahead must be an int >= 1"):
         read_ahead([1], ahead=ahead)
+
+
+def test_ahead_takes_numpy_integers():
+    assert list(read_ahead(range(5), ahead=np.int64(2))) == list(range(5))
 
 
 def _closing(closed):

@@ -19,7 +19,7 @@ from sklearn.utils.validation import _check_sample_weight, _check_y, check_array
 from .. import _device
 from .._backends import get_backend
 from .._base import DTYPES, check_weight_range
-from .._minibatch import COMPUTE_DTYPE, mean_row_nonzeros
+from .._minibatch import COMPUTE_DTYPE, mean_row_nonzeros, rows_nnz
 from .._solvers import _linear_objective, batch_weights
 from .._sparse import canonical_csr
 from .._state import ModelState
@@ -85,7 +85,7 @@ def summary(shard, labels):
     classes = np.unique(shard.y) if labels else None
     return {
         "n_rows": int(shard.X.shape[0]),
-        "nnz": int(shard.X.nnz),
+        "nnz": rows_nnz(shard.X, None, None),  # its nonzeros: stored zeros not counted
         "device": shard.device,
         "total_weight": float(shard.sw.sum()),
         "classes": classes,
