@@ -612,12 +612,14 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
 def _intercept_prior(y_idx, sw, n_outputs):
     """Intercepts of the weighted class prior (the model with zero weights);
-    zeros where a class has no weight in the rows (:func:`logit_prior`'s
-    rule: a ``partial_fit`` call's rows may lack a class)."""
+    a class with no weight in the rows starts at the present classes' mean
+    log-rate (:func:`logit_prior`'s rule: no rate, no prior; a
+    ``partial_fit`` call's rows may lack a class)."""
     if n_outputs == 1:
         return logit_prior((y_idx == 1).astype(np.float64), sw)
-    p = np.bincount(y_idx, weights=sw, minlength=n_outputs) / sw.sum()
-    if not (p > 0).all():
-        return np.zeros(n_outputs)
-    lp = np.log(np.clip(p, 1e-6, None))
+    w = np.bincount(y_idx, weights=sw, minlength=n_outputs)
+    present = w > 0
+    lp = np.zeros(n_outputs)
+    lp[present] = np.log(np.clip(w[present] / w.sum(), 1e-6, None))
+    lp[~present] = lp[present].mean()
     return lp - lp.mean()

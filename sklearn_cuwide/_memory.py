@@ -514,9 +514,10 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     # temporaries; out of core a window's, taken from the whole layout's on
     # the host and kept on the device, WindowStats), their copy
     # beside Adagrad's sums, and the step scales of concurrent workers: the
-    # counts and the feature order (uploaded unless the ranking is on the
-    # device already) with the float32 shares of mini-batches they give in
-    # one pass (20 bytes), then the shares kept
+    # counts and the feature order uploaded with the float32 shares of
+    # mini-batches they give in one pass (20 bytes; a ranking on the device
+    # already is not uploaded: counted twice then, on the safe side), then
+    # the shares kept
     # with a level's scales and their temporaries (17); out of core, again
     # for every window
     penalty = 0

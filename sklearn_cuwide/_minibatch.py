@@ -273,7 +273,8 @@ def constant_loss(t, sw, loss, n_outputs):
     (multinomial), half the weighted mean square of the targets (squared).
 
     No model a sound fit ends with is worse than it by much: with an
-    intercept the fit starts from the best constant, which is better still.
+    intercept the fit starts from the best constant (where its rows hold
+    every outcome, :func:`logit_prior`), which is better still.
     """
     if loss == "logistic":
         return math.log(2.0)
@@ -513,10 +514,11 @@ def logit_prior(y01, sw):
     may lack a class that the stream holds (``classes`` names it), and an
     intercept started at the clip (-13.8) takes Adagrad's decaying steps
     many chunks to leave."""
-    p = float(np.dot(sw, y01) / sw.sum())
-    if not 0.0 < p < 1.0:
+    y01 = np.asarray(y01, dtype=np.float64)
+    pos, neg = float(np.dot(sw, y01)), float(np.dot(sw, 1.0 - y01))
+    if not (pos > 0 and neg > 0):  # exact: a rate from one sum would round near 1
         return 0.0
-    p = min(max(p, 1e-6), 1 - 1e-6)
+    p = min(max(pos / (pos + neg), 1e-6), 1 - 1e-6)
     return np.log(p / (1 - p))
 
 

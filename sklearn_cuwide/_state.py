@@ -352,7 +352,11 @@ class ModelState:
         goes (each set to None once permuted): at most one array's copy is
         held beside the state.  Rule: a state permuted where it trains is
         taken, not copied.  Why: the memory plan counts one array and the
-        index beside the model, not a second model."""
+        index beside the model, not a second model.  A backend's bookkeeping
+        that holds the arrays too (a device state's ``packed`` buffers,
+        which hold Adagrad's sums) is dropped first."""
+        if getattr(self, "packed", None) is not None:
+            self.packed = None
         out = ModelState(w=None, b=None, factor_init=self.factor_init)
         for k in ("w", "V", "gw", "gV"):
             a = getattr(self, k)

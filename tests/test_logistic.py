@@ -316,16 +316,24 @@ def test_partial_fit_first_chunk_of_one_class_does_not_pin_the_intercept(make):
 
 def test_class_priors_without_a_class_are_zero():
     """The intercepts' starting prior: the weighted log-odds (softmax
-    log-priors, centred), and 0 where the rows lack a class."""
+    log-priors, centred); 0 where the rows hold one outcome, and a class
+    they lack at the others' mean."""
     from sklearn_cuwide._logistic import _intercept_prior
     from sklearn_cuwide._minibatch import logit_prior
 
     sw = np.array([1.0, 2.0, 1.0])
     assert logit_prior(np.array([0.0, 1.0, 1.0]), sw) == pytest.approx(np.log(3.0))
     assert logit_prior(np.zeros(3), sw) == 0.0 and logit_prior(np.ones(3), sw) == 0.0
+    # one outcome under weights whose sums round (24000 / 333: p = 1 - 1e-16
+    # from one sum over another): still no rate
+    w = np.full(333, 24000 / 333)
+    assert logit_prior(np.ones(333), w) == 0.0 and logit_prior(np.zeros(333), w) == 0.0
     lp = np.log(np.array([1.0, 2.0, 1.0]) / 4)
     assert_allclose(_intercept_prior(np.array([0, 1, 2]), sw, 3), lp - lp.mean())
-    assert_array_equal(_intercept_prior(np.array([0, 2, 2]), sw, 3), np.zeros(3))
+    # a class the rows lack starts at the present classes' mean log-rate
+    lp = np.log(np.array([1.0, 3.0]) / 4)
+    lp = np.array([lp[0], lp.mean(), lp[1]])
+    assert_allclose(_intercept_prior(np.array([0, 2, 2]), sw, 3), lp - lp.mean())
 
 
 def test_partial_fit_only_for_minibatch_solvers(sparse_binary):
