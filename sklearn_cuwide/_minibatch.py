@@ -460,26 +460,33 @@ def rows_nnz(X, rows, backend):
     stored entries less those whose value is 0.  Rule: a stored zero counts
     for nothing.  Why: the layout drops it (no occurrence of its feature),
     so the same matrix with or without stored zeros trains the same model,
-    its ``"auto"`` penalties included.  One count over the values (on the
-    host's threads, or the device's); the rows' zeros located only when
-    there are any."""
-    on_device = _device.is_cupy_array(X)
-    if on_device:
-        zeros = int(X.nnz) - int(backend.xp.count_nonzero(X.data))
-    else:
-        zeros = int(X.nnz) - host_reduce(np.count_nonzero, np.asarray(X.data).reshape(-1), sum)
+    its ``"auto"`` penalties included."""
+    xp, zero_rows = _stored_zero_rows(X, backend)
     if rows is None:
-        return int(X.nnz) - zeros
-    r = backend.to_device(rows) if on_device else rows
+        return int(X.nnz) - (0 if zero_rows is None else int(zero_rows.shape[0]))
+    r = backend.to_device(rows) if xp is not np else rows
     held = int((X.indptr[r + 1] - X.indptr[r]).sum())
-    if zeros == 0:
+    if zero_rows is None:
         return held
-    xp = backend.xp if on_device else np
-    at = xp.flatnonzero(X.data == 0)  # the zeros, and the rows holding them
-    row_of = xp.searchsorted(X.indptr, at, side="right") - 1
     chosen = xp.zeros(X.shape[0], dtype=bool)
     chosen[r] = True
-    return held - int(chosen[row_of].sum())
+    return held - int(chosen[zero_rows].sum())
+
+
+def _stored_zero_rows(X, backend):
+    """``(xp, rows)``: the array module of the CSR ``X`` (scipy, or on the
+    backend's device) and the row of each of its stored zeros, or None when
+    it has none.  One count over the values first (on the host's threads,
+    or the device's): the zeros are located only when there are any."""
+    if _device.is_cupy_array(X):
+        xp = backend.xp
+        none = int(xp.count_nonzero(X.data)) == int(X.nnz)
+    else:
+        xp = np
+        none = host_reduce(np.count_nonzero, np.asarray(X.data).reshape(-1), sum) == X.nnz
+    if none:
+        return xp, None
+    return xp, xp.searchsorted(X.indptr, xp.flatnonzero(X.data == 0), side="right") - 1
 
 
 def _take_rows(X, rows, backend):
@@ -594,12 +601,10 @@ def mean_row_nonzeros(X, rows, sw, backend):
     None: all): stored zeros are not counted, and an integer weight counts
     as that many copies of its row.  (The ``"auto"`` factor penalty's ``m``
     is the plain mean, :func:`rows_nnz`.)"""
-    xp = np if isinstance(X.data, np.ndarray) else backend.xp
+    xp, zero_rows = _stored_zero_rows(X, backend)
     per_row = xp.diff(X.indptr).astype(xp.int64)
-    zeros = xp.flatnonzero(X.data == 0)  # stored zeros: few, if any
-    if zeros.size:
-        held_by = xp.searchsorted(X.indptr, zeros, side="right") - 1
-        per_row -= xp.bincount(held_by, minlength=per_row.shape[0]).astype(xp.int64)
+    if zero_rows is not None:
+        per_row -= xp.bincount(zero_rows, minlength=per_row.shape[0]).astype(xp.int64)
     per_row = np.asarray(per_row if xp is np else backend.to_host(per_row), dtype=np.float64)
     if rows is not None:
         per_row = per_row[rows]

@@ -10,7 +10,7 @@ solvers), and every task reads a shard without changing it.
 The functions here take plain arrays and parameters, never an estimator.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -256,9 +256,10 @@ def train_round(shard, states, params, heads, rng_states, comm, rank, *, shuffle
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = rs
         order = rng.permutation(nb) if shuffle else np.arange(nb)
-        # permute_features shares the intercepts, which run_epoch updates in
-        # place: the global model the other partitions start from is copied
-        st = ModelState(**{k: np.array(v) for k, v in st.arrays().items()})
+        # put_in_layout_order copies the feature rows but shares the
+        # intercepts, which run_epoch updates in place: the global model's
+        # intercepts, which the other partitions start from, are copied
+        st = replace(st, b=np.array(st.b), gb=None if st.gb is None else np.array(st.gb))
         dstate = st.put_in_layout_order(layout.feature_order, be)
         lsum = be.run_epoch(cache["device_layout"], cache["y"][h], cache["sw"],
                             cache["batch_weight"], dstate, params, order[lo:hi],
