@@ -32,8 +32,8 @@ from ._backends import _concurrency
 
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
-    "train_instantiation", "launch_plan", "epoch_instantiations", "predict_instantiation",
-    "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
+    "get_module_kernels", "train_instantiation", "launch_plan", "epoch_instantiations",
+    "predict_instantiation", "build_instantiations", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
 ]
 
@@ -187,6 +187,26 @@ def lbfgs_memory_instantiation(name, n_rows):
     return kernel_name(name, int(n_rows))
 
 
+#: the layout build's kernels that take no dtype (``cuda/cuwide_build.cu``)
+BUILD_PLAIN = ("cuwide_rank_keys", "cuwide_rank_order", "cuwide_batch_nnz",
+               "cuwide_penalty_held", "cuwide_penalty_scale")
+
+
+def build_instantiations(indices_dtype, data_dtype, value_dtype):
+    """The layout build's kernels (``cuda/cuwide_build.cu``) for a CSR of
+    these dtypes tiled into values of ``value_dtype``: ``{role: name
+    expression}``, every one of them compiled in one module."""
+    idx, t, v = (CTYPE[str(d)] for d in (indices_dtype, data_dtype, value_dtype))
+    names = {
+        "count": kernel_name("cuwide_count_rows", idx, t),
+        "keys": kernel_name("cuwide_chunk_keys", idx, t, v),
+        "runs": kernel_name("cuwide_chunk_runs", v),
+        "store": kernel_name("cuwide_chunk_store", v),
+    }
+    names.update({n: n for n in BUILD_PLAIN})
+    return names
+
+
 def classic_instantiation(model, n_factors, solver, loss):
     """The classic schema's kernel (``cuda/cuwide_classic.cu``, the
     benchmarks' ablation): ``cuwide_classic<MODEL, NF, SOLVER, LOSS>``."""
@@ -245,7 +265,7 @@ def source_text(filename, directory=None):
 # --------------------------------------------------------------------------
 # modules (cupy)
 # --------------------------------------------------------------------------
-_CACHE = {}  # (device, filename, name_expression) -> cupy.RawKernel
+_CACHE = {}  # (device, filename, name_expression or their tuple) -> RawKernel(s)
 _SOURCES = {}  # filename -> source text (read once per process)
 _LOCK = threading.Lock()
 _COMPILE = {"seconds": 0.0, "modules": 0}
@@ -299,6 +319,31 @@ def get_kernels(filename, name_expressions):
             _COMPILE["modules"] += len(missing)
             _CACHE.update(zip(missing, built))
     return [_CACHE[k] for k in keys]
+
+
+def get_module_kernels(filename, name_expressions):
+    """The compiled ``cupy.RawKernel`` of each name expression (a list, in
+    order), all from one module of ``filename`` on the current device,
+    compiled (or loaded) once: kernels launched together, none worth a
+    module of its own."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    key = (dev, filename, tuple(name_expressions))
+    if key not in _CACHE:
+        with _LOCK:
+            if key not in _CACHE:
+                if filename not in _SOURCES:
+                    _SOURCES[filename] = source_text(filename)
+                t0 = time.perf_counter()
+                with cupy.cuda.Device(dev):
+                    mod = cupy.RawModule(code=_SOURCES[filename], options=NVRTC_OPTIONS,
+                                         name_expressions=list(key[2]))
+                    built = [mod.get_function(e) for e in key[2]]
+                _COMPILE["seconds"] += time.perf_counter() - t0
+                _COMPILE["modules"] += 1
+                _CACHE[key] = built
+    return _CACHE[key]
 
 
 def get_kernel(filename, name_expression):

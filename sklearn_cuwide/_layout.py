@@ -40,6 +40,13 @@ array module ``xp`` that it is handed (numpy, or cupy); :func:`build_layout`
 runs both, chunk after chunk, and :func:`build_layout_csr` runs both on the
 arrays of one device.
 
+A device build may hand its fused kernels (``kernels``: see
+:class:`BuildKernels`) to :func:`plan_csr`, :class:`LayoutTiler` and
+:func:`tile_layout`: each pass over the nonzeros or the rows is then one
+kernel instead of a dozen array operations (each its own module to compile
+on a GPU, and its own pass over memory); without them, the same passes run
+as array operations of ``xp``, which the kernels must equal, bit for bit.
+
 Rule: this module plans and tiles; it never imports cupy or a backend,
 records events, drives streams or allocates pinned memory (the CUDA
 backend's ``_upload`` overlaps the copies of a GPU build and calls the
@@ -56,7 +63,7 @@ import scipy.sparse as sp
 __all__ = [
     "TileLayout", "LayoutPlan", "LayoutTiler", "plan_layout", "plan_csr", "tile_layout",
     "build_layout", "build_layout_csr", "layout_to_csr", "frequency_ranking", "penalty_scale",
-    "host_array",
+    "host_array", "BuildKernels",
 ]
 
 #: Largest sample block: local row ids are stored as uint16.
@@ -282,6 +289,61 @@ def penalty_scale(layout, xp=np, chunk=1 << 22):
     return xp.where(held > 0, layout.n_batches / xp.maximum(held, 1), 0.0).astype(xp.float32)
 
 
+class BuildKernels:
+    """The fused passes of a device build (its backend implements them; the
+    CUDA backend's are ``cuda/cuwide_build.cu``).  Each must give what the
+    array operations it replaces give, bit for bit; ``tests/_reference.py``
+    has their numpy statement.  Arrays are the device's; "rows" are the
+    rows of a CSR ``(indptr, indices, data)`` (``indptr`` int64).
+
+    Rule: a kernel reads a row where it lies, through ``users`` (the source
+    row of each row it handles, or None for the rows as they lie).  Why:
+    the gathered copy of a chunk (and the dozen array passes that made it)
+    cost more than the sort.
+    """
+
+    def takes(self, indices, data):
+        """Whether the kernels take arrays of these dtypes."""
+        raise NotImplementedError
+
+    def feature_counts(self, indptr, indices, data, n_features, left_out):
+        """:func:`feature_counts` of every row, less those of the rows
+        ``left_out`` (a device int64 array, or None)."""
+        raise NotImplementedError
+
+    def rank(self, counts, top, hot_min):
+        """:func:`rank_features` of ``counts`` (each at most ``top``), and
+        how many counts are at least ``hot_min``: ``(counts, order, rank,
+        n_hot)``."""
+        raise NotImplementedError
+
+    def batch_nnz(self, indptr, users, n_rows, batch_size):
+        """The nonzeros of each mini-batch of ``batch_size`` of the
+        ``n_rows`` rows ``users`` (a numpy int64 array)."""
+        raise NotImplementedError
+
+    def chunk_keys(self, tiler, k, indptr, indices, data, users):
+        """Chunk ``k`` of the tiler's plan (the rows ``users``, or the rows
+        of ``indptr``, which need not start at 0): each nonzero's
+        sort key ``(sample block * n_features + ranked feature) *
+        sample_block + row in its block`` (int64) and its value in the
+        tiler's dtype, rows in layout order."""
+        raise NotImplementedError
+
+    def chunk_store(self, tiler, key, val, perm, start, g0, g1):
+        """:meth:`LayoutTiler.store` of the chunk ``key``, ``val`` sorted
+        by ``perm``: duplicate keys summed in float64, the sums that are 0
+        dropped, the rest written to the tiler's arrays from ``start`` on.
+        Returns the entries written and the counts of the tiles of sample
+        blocks ``g0:g1`` (numpy int64, hot then cold tile of each)."""
+        raise NotImplementedError
+
+    def penalty_scale(self, feat, tile_ptr, n_features, n_batches):
+        """:func:`penalty_scale` of a layout whose ``feat`` and ``tile_ptr``
+        are on the device."""
+        raise NotImplementedError
+
+
 @dataclass
 class LayoutPlan:
     """Where every row and feature of a matrix goes, and the chunks of
@@ -291,7 +353,10 @@ class LayoutPlan:
     Computed by :func:`plan_layout` before any nonzero moves; the
     attributes shared with :class:`TileLayout` mean the same.  ``source`` is
     the user's ``(indptr, indices, data)`` (numpy, or device arrays of the
-    module ``source_xp`` for a cupyx matrix), read, never modified.
+    module ``source_xp`` for a cupyx matrix), read, never modified;
+    ``source_users``, planned with a device's :class:`BuildKernels`: the
+    source row of every layout row on that device (None: the rows as they
+    lie), which the kernels read the chunks' rows through.
 
     Attributes
     ----------
@@ -320,6 +385,7 @@ class LayoutPlan:
     source: tuple
     source_xp: object
     source_rows: object = None
+    source_users: object = None
 
     def _users(self, r0, r1):
         """The source rows of layout rows ``r0:r1`` (numpy int64), or None
@@ -442,18 +508,19 @@ def plan_layout(
     chunk_nnz=1 << 24,
     xp=np,
     rows=None,
+    kernels=None,
 ):
     """The :class:`LayoutPlan` of ``X`` (see :func:`build_layout` for the
     parameters).  ``xp``: the array module of a cupyx matrix's arrays, which
-    are counted on the device (see :func:`plan_csr`); unused for a scipy
-    matrix, which is planned with numpy."""
+    are counted on the device (see :func:`plan_csr`, and its ``kernels``);
+    unused for a scipy matrix, which is planned with numpy."""
     shape, indptr, indices, data = _csr_parts(X)
     return plan_csr(
         shape, indptr, indices, data,
         xp=np if isinstance(indptr, np.ndarray) else xp,
         batch_size=batch_size, sample_block=sample_block, n_hot_max=n_hot_max,
         hot_min_per_block=hot_min_per_block, shuffle=shuffle,
-        random_state=random_state, chunk_nnz=chunk_nnz, rows=rows,
+        random_state=random_state, chunk_nnz=chunk_nnz, rows=rows, kernels=kernels,
     )
 
 
@@ -473,12 +540,15 @@ def plan_csr(
     chunk_nnz=1 << 24,
     rows=None,
     row_order=None,
+    kernels=None,
 ):
     """The :class:`LayoutPlan` of the CSR ``(indptr, indices, data)`` of
     ``shape``, arrays of ``xp`` (numpy, or cupy for a matrix on the device);
     with ``rows``, of those rows of it (see :func:`build_layout`).
     ``row_order``: :func:`row_permutation` of the rows laid out, when the
     caller drew it already (the CUDA backend draws it while the CSR uploads).
+    ``kernels``: the device's :class:`BuildKernels` for ``xp``'s arrays, or
+    None (array operations).
 
     Every pass over the nonzeros (the counts) and over the rows (their
     lengths in layout order) runs with ``xp``, where the arrays are, and
@@ -500,19 +570,25 @@ def plan_csr(
     sample_block = int(min(sample_block, batch_size, MAX_SAMPLE_BLOCK))
     if sample_block < 1:
         raise ValueError(f"sample_block must be >= 1, got {sample_block}")
+    if kernels is not None and not kernels.takes(indices, data):
+        kernels = None  # another device's arrays, or dtypes they do not take
     indptr = xp.asarray(indptr, dtype=xp.int64)  # no copy when int64 already
     n_source = int(indptr.shape[0]) - 1
     nnz_total = int(indptr[-1]) if n_source else 0
-    counts = feature_counts(indices[:nnz_total], n_features, xp, data[:nnz_total])
+    left_out = None
     if source_rows is not None and n_rows < n_source:
-        # the rows left out, counted from their own gather, taken off
-        out = np.ones(n_source, dtype=bool)
-        out[source_rows] = False
-        _, idx_out, val_out = _gather_rows(xp, indptr, indices, data,
-                                           xp.asarray(np.flatnonzero(out)))
-        counts -= feature_counts(idx_out, n_features, xp, val_out)
-        del out, idx_out, val_out
-    counts, order, rank = rank_features(counts, xp)
+        left_out = np.ones(n_source, dtype=bool)
+        left_out[source_rows] = False
+        left_out = xp.asarray(np.flatnonzero(left_out))
+    if kernels is not None:
+        counts = kernels.feature_counts(indptr, indices, data, n_features, left_out)
+    else:
+        counts = feature_counts(indices[:nnz_total], n_features, xp, data[:nnz_total])
+        if left_out is not None:  # the rows left out, counted from their gather, taken off
+            _, idx_out, val_out = _gather_rows(xp, indptr, indices, data, left_out)
+            counts -= feature_counts(idx_out, n_features, xp, val_out)
+            del idx_out, val_out
+    del left_out
     if row_order is None:
         row_order = row_permutation(n_rows, shuffle, random_state)
     elif row_order.shape != (n_rows,):
@@ -538,14 +614,26 @@ def plan_csr(
         sblock_row_ptr[1:] = np.minimum(ends, n_rows)
 
     n_hot = 0
-    if n_hot_max > 0 and n_sblocks:  # the ranked counts' leading run, counted in any order
-        n_hot = int(xp.count_nonzero(counts >= hot_min_per_block * n_sblocks))
-        n_hot = min(n_hot, int(n_hot_max))
+    hot_min = hot_min_per_block * n_sblocks
+    # the ranking's keys take the largest count: the nonzeros bound it
+    if kernels is not None and (nnz_total + 1) * n_features <= _KEY_LIMIT:
+        counts, order, rank, n_hot = kernels.rank(counts, nnz_total, hot_min)
+    else:
+        counts, order, rank = rank_features(counts, xp)
+        if n_hot_max > 0 and n_sblocks:  # the ranked counts' leading run, counted in any order
+            n_hot = int(xp.count_nonzero(counts >= hot_min))
+    n_hot = min(n_hot, int(n_hot_max)) if n_hot_max > 0 and n_sblocks else 0
 
     # chunks of whole mini-batches, of about chunk_nnz input nonzeros: the
     # input nonzeros before each mini-batch, counted where indptr is
     batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
-    if n_batches:
+    users = None
+    if kernels is not None and n_batches:
+        users = _layout_users(row_order, source_rows, shuffle)
+        users = None if users is None else xp.asarray(users)
+        np.cumsum(kernels.batch_nnz(indptr, users, n_rows, batch_size),
+                  out=batch_nnz_ptr[1:])
+    elif n_batches:
         row_len = xp.diff(indptr)
         if source_rows is not None:
             row_len = row_len[xp.asarray(source_rows)]
@@ -584,7 +672,16 @@ def plan_csr(
         source=(indptr, indices, data),
         source_xp=xp,
         source_rows=source_rows,
+        source_users=users,
     )
+
+
+def _layout_users(row_order, source_rows, shuffle):
+    """The source row of every layout row (numpy int64), or None when they
+    are the source's rows as they lie (see :meth:`LayoutPlan._users`)."""
+    if shuffle:
+        return row_order if source_rows is None else source_rows[row_order]
+    return source_rows
 
 
 class LayoutTiler:
@@ -610,9 +707,12 @@ class LayoutTiler:
         ``xp.empty``).  Host (numpy) arrays with a device ``xp``: each
         chunk is sorted on the device and copied out when stored (a layout
         streamed from page-locked host memory, built on the GPU).
+    kernels : BuildKernels or None
+        The device's fused kernels (see :class:`BuildKernels`), or None
+        (array operations of ``xp``).
     """
 
-    def __init__(self, plan, xp, dtype, empty=None):
+    def __init__(self, plan, xp, dtype, empty=None, kernels=None):
         self.plan, self.xp, self.dtype = plan, xp, dtype
         n = plan.nnz
         empty = xp.empty if empty is None else empty
@@ -623,6 +723,25 @@ class LayoutTiler:
         self._rank = xp.asarray(plan.feature_rank)
         self._bsp = xp.asarray(plan.batch_sblock_ptr)
         self._pos = 0
+        # the kernels' keys must stay below 2**62, as the sort's
+        fits = plan.n_sblocks * plan.n_features * plan.sample_block < 2**62
+        self.kernels = kernels if fits else None
+
+    def read_sort(self, k):
+        """:meth:`sort` of chunk ``k`` read from the plan's source, which is
+        on the tiler's device: with the kernels, its rows are read where
+        they lie (no gather of the chunk first)."""
+        p, kern = self.plan, self.kernels
+        indptr, indices, data = p.source
+        if kern is None or p.source_xp is not self.xp or not kern.takes(indices, data):
+            return self.sort(k, *p.read_chunk(k))
+        r0, r1 = p.chunk_rows(k)
+        users = p.source_users
+        if users is None:  # rows r0:r1 of the source as they lie
+            return self._sort_keys(k, kern.chunk_keys(
+                self, k, indptr[r0 : r1 + 1], indices, data, None))
+        return self._sort_keys(k, kern.chunk_keys(
+            self, k, indptr, indices, data, users[r0:r1]))
 
     def sort(self, k, indptr, indices, data):
         """Sort chunk ``k``'s nonzeros by (sample block, feature, local row).
@@ -632,6 +751,9 @@ class LayoutTiler:
         """
         xp, p = self.xp, self.plan
         r0, _ = p.chunk_rows(k)
+        if self.kernels is not None and self.kernels.takes(indices, data):
+            return self._sort_keys(k, self.kernels.chunk_keys(
+                self, k, indptr, indices, data, None))
         nc = int(indices.shape[0])
         lrow = r0 + _segment_ids(xp, indptr, nc)
         bt = lrow // p.batch_size
@@ -654,6 +776,12 @@ class LayoutTiler:
         vals = data.astype(self.dtype, copy=False)[perm]
         return k, g, nf, local, vals, dup
 
+    def _sort_keys(self, k, keyed):
+        """The kernels' sorted chunk: its keys and values (in the chunk's
+        order) and the keys' sorting permutation."""
+        key, val = keyed
+        return k, key, val, self.xp.argsort(key)
+
     def store(self, sorted_chunk):
         """Sum the duplicate (row, feature) entries of a sorted chunk, drop
         the entries that are 0 (stored zeros, and duplicates that sum to 0),
@@ -665,6 +793,9 @@ class LayoutTiler:
         zeros would train different models.
         """
         xp, p = self.xp, self.plan
+        if len(sorted_chunk) == 4:  # the kernels'
+            self._store_keys(*sorted_chunk)
+            return
         k, g, nf, local, vals, dup = sorted_chunk
         del sorted_chunk
         if bool(dup.any()):
@@ -690,6 +821,15 @@ class LayoutTiler:
         g0, g1 = int(p.batch_sblock_ptr[b0]), int(p.batch_sblock_ptr[b1])
         tc = count_values(tile - 2 * g0, 2 * (g1 - g0), xp)
         self.tile_counts[2 * g0 : 2 * g1] = tc if xp is np else tc.get()
+        self._pos += m
+
+    def _store_keys(self, k, key, val, perm):
+        """:meth:`store` of the kernels' sorted chunk (the same rules)."""
+        p = self.plan
+        b0, b1 = p.chunks[k]
+        g0, g1 = int(p.batch_sblock_ptr[b0]), int(p.batch_sblock_ptr[b1])
+        m, tc = self.kernels.chunk_store(self, key, val, perm, self._pos, g0, g1)
+        self.tile_counts[2 * g0 : 2 * g1] = tc
         self._pos += m
 
     def finish(self):
@@ -719,12 +859,16 @@ class LayoutTiler:
         )
 
 
-def tile_layout(plan, xp=np, dtype=np.float32, empty=None):
+def tile_layout(plan, xp=np, dtype=np.float32, empty=None, kernels=None):
     """Tile every chunk of ``plan`` with ``xp``, one after the other: each
     chunk is read from the source and, when ``xp`` is not the source's
-    module, copied over with ``xp.asarray`` (synchronously).  ``empty``:
-    :class:`LayoutTiler`'s."""
-    tiler = LayoutTiler(plan, xp, dtype, empty=empty)
+    module, copied over with ``xp.asarray`` (synchronously).  ``empty``,
+    ``kernels``: :class:`LayoutTiler`'s."""
+    tiler = LayoutTiler(plan, xp, dtype, empty=empty, kernels=kernels)
+    if tiler.kernels is not None and plan.source_xp is xp:
+        for k in range(len(plan.chunks)):
+            tiler.store(tiler.read_sort(k))
+        return tiler.finish()
     for k in range(len(plan.chunks)):
         indptr, indices, data = plan.read_chunk(k)
         chunk = (xp.asarray(indptr, dtype=xp.int64), xp.asarray(indices), xp.asarray(data))
@@ -747,6 +891,7 @@ def build_layout(
     xp=None,
     chunk_nnz=None,
     rows=None,
+    kernels=None,
 ):
     """Build the tiled, feature-major training layout of a sparse matrix.
 
@@ -785,6 +930,8 @@ def build_layout(
         Sort at most about this many nonzeros at a time (whole mini-batches
         per chunk); bounds the temporary memory.  ``None``: 2**24 on the
         host, 2**23 on a GPU.
+    kernels : BuildKernels, default None
+        The fused kernels of ``xp``'s device (None: its array operations).
 
     Returns
     -------
@@ -805,12 +952,13 @@ def build_layout(
         chunk_nnz=chunk_nnz,
         xp=xp,
         rows=rows,
+        kernels=kernels,
     )
-    return tile_layout(plan, xp, dtype)
+    return tile_layout(plan, xp, dtype, kernels=kernels)
 
 
 def build_layout_csr(shape, indptr, indices, data, *, xp, dtype=np.float32,
-                     chunk_nnz=1 << 23, **plan_kw):
+                     chunk_nnz=1 << 23, kernels=None, **plan_kw):
     """The whole build on one device: the CSR ``(indptr, indices, data)`` of
     ``shape``, arrays of ``xp`` (as they came: unsorted indices and
     duplicates are fine), planned (:func:`plan_csr`: counts, ranking, row
@@ -818,11 +966,13 @@ def build_layout_csr(shape, indptr, indices, data, *, xp, dtype=np.float32,
     and tiled (:class:`LayoutTiler`) with ``xp``.
 
     The CUDA backend calls it with cupy on a matrix it uploaded; with numpy
-    it is the host build, so the two are one code.  ``plan_kw``: the
-    planning keywords of :func:`plan_layout`.
+    it is the host build, so the two are one code.  ``kernels``: the
+    device's :class:`BuildKernels`, or None.  ``plan_kw``: the planning
+    keywords of :func:`plan_layout`.
     """
-    plan = plan_csr(shape, indptr, indices, data, xp=xp, chunk_nnz=chunk_nnz, **plan_kw)
-    return tile_layout(plan, xp, dtype)
+    plan = plan_csr(shape, indptr, indices, data, xp=xp, chunk_nnz=chunk_nnz,
+                    kernels=kernels, **plan_kw)
+    return tile_layout(plan, xp, dtype, kernels=kernels)
 
 
 def layout_to_csr(layout):

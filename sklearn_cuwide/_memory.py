@@ -459,6 +459,9 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
             "the feature ranking and block pointers": ((24 if ranked_on_device else 8) * d
                                                        + 8 * (n_batches + 1)),
             "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if whole else 0),
+            # the fused kernels read X's rows where they lie, through the
+            # source row of every layout row (int64)
+            "the rows' order": 8 * n if whole else 0,
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     elif layout == "streamed" and build_chunk_nnz is not None:

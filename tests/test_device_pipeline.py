@@ -14,6 +14,10 @@ These tests run that code on the CPU:
   have cupy's ``get``), so that the branches written for a device module
   (``xp is not np``: the searchsorted segment ids, the generic row gather)
   run too and give the same bits;
+* with the stand-in and the numpy statement of the fused build kernels
+  (``tests/_build_reference.py``), which the CUDA backend hands to the
+  build: the build's calls of the kernels give the same bits as the array
+  operations they replace;
 * the CUDA backend's chunked upload of a host CSR (``_upload.upload_csr``)
   with the stand-in's deferred copies, and the choice of where a layout is
   built (``_upload.build_site``, pure).
@@ -25,7 +29,13 @@ import scipy.sparse as sp
 
 from sklearn_cuwide import GPUFactorizationMachine
 from sklearn_cuwide._base import count_labels, encode_labels
-from sklearn_cuwide._layout import build_layout, build_layout_csr, layout_to_csr, plan_layout
+from sklearn_cuwide._layout import (
+    build_layout,
+    build_layout_csr,
+    layout_to_csr,
+    penalty_scale,
+    plan_layout,
+)
 from sklearn_cuwide._state import (
     ModelState,
     counter_bits,
@@ -33,7 +43,8 @@ from sklearn_cuwide._state import (
     draw_factors,
 )
 
-from .test_gpu_upload import _assert_same, _FakeCupy, _upload_module
+from ._build_reference import ReferenceBuildKernels
+from .test_gpu_upload import _assert_same, _Dev, _FakeCupy, _upload_module
 
 
 def _problem(rng, n=1201, d=157, int64=False, zeros=True, dtype=np.float32):
@@ -80,8 +91,20 @@ def _kw(shuffle, batch_size, sample_block):
                 shuffle=shuffle, random_state=7)
 
 
+MODULES = ["numpy", "stand-in", "kernels"]
+
+
+def _module(name):
+    """(xp, kernels) of a module of :data:`MODULES`: numpy, the stand-in
+    for cupy, or the stand-in with the reference of the fused kernels."""
+    if name == "numpy":
+        return np, None
+    xp = _FakeCupy()
+    return xp, (ReferenceBuildKernels(lambda a: a.view(_Dev)) if name == "kernels" else None)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("module", ["numpy", "stand-in"])
+@pytest.mark.parametrize("module", MODULES)
 def test_device_build_equals_host_build(case, module):
     """The whole device pipeline (plan, ranking, shuffle, tiling with one
     array module, from the CSR's raw arrays) gives the host build's layout,
@@ -92,10 +115,16 @@ def test_device_build_equals_host_build(case, module):
     snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
     kw = _kw(shuffle, batch_size, sample_block)
     A = build_layout(X, **kw)
-    xp = np if module == "numpy" else _FakeCupy()
+    xp, kernels = _module(module)
     parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
-    B = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, **kw)
+    B = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, kernels=kernels, **kw)
     _assert_same(A, B, module)
+    if kernels is not None:  # every pass went through them
+        assert set(kernels.calls) == {"feature_counts", "rank", "batch_nnz", "chunk_keys",
+                                      "chunk_store"}
+        np.testing.assert_array_equal(
+            kernels.penalty_scale(B.feat, B.tile_ptr, B.n_features, B.n_batches),
+            penalty_scale(A))
     C = sp.csr_matrix(X, copy=True)
     C.sum_duplicates()
     C.eliminate_zeros()
@@ -107,7 +136,7 @@ def test_device_build_equals_host_build(case, module):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("module", ["numpy", "stand-in"])
+@pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("which", ["split", "few", "all"])
 def test_build_of_some_rows_equals_the_build_of_their_copy(case, module, which):
     """``rows=``: the layout of those rows of X (a split's training rows,
@@ -125,9 +154,10 @@ def test_build_of_some_rows_equals_the_build_of_their_copy(case, module, which):
     A = build_layout(X[rows], chunk_nnz=chunk_nnz, **kw)
     B = build_layout(X, rows=rows, chunk_nnz=chunk_nnz, **kw)
     _assert_same(A, B, "host")
-    xp = np if module == "numpy" else _FakeCupy()
+    xp, kernels = _module(module)
     parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
-    C = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, rows=rows, **kw)
+    C = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, rows=rows,
+                         kernels=kernels, **kw)
     _assert_same(A, C, module)
     # the host gather into the uploader's buffers (build_from_host's)
     plan = plan_layout(X, rows=rows, chunk_nnz=chunk_nnz, **kw)
@@ -141,15 +171,18 @@ def test_build_of_some_rows_equals_the_build_of_their_copy(case, module, which):
         np.testing.assert_array_equal(a, b)
 
 
-def test_device_build_empty_and_one_row():
-    xp = _FakeCupy()
+@pytest.mark.parametrize("module", MODULES[1:])
+def test_device_build_empty_and_one_row(module):
     for X in (sp.csr_matrix((9, 4), dtype=np.float32),
-              sp.csr_matrix(np.array([[0, 2.0, 0, 1.0]], dtype=np.float32))):
+              sp.csr_matrix(np.array([[0, 2.0, 0, 1.0]], dtype=np.float32)),
+              sp.csr_matrix((0, 4), dtype=np.float32)):
         for shuffle in (False, True):
+            xp, kernels = _module(module)
             kw = _kw(shuffle, 4, 2)
             parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
             _assert_same(build_layout(X, **kw),
-                         build_layout_csr(X.shape, *parts, xp=xp, **kw), "small")
+                         build_layout_csr(X.shape, *parts, xp=xp, kernels=kernels, **kw),
+                         "small")
 
 
 # --------------------------------------------------------------------------

@@ -8,8 +8,11 @@ for cupy) are in ``tests/test_device_pipeline.py``.  Here, with cupy:
   ``_upload.build_site`` through the backend's ``build_layout``, equals the
   CPU-built layout for the same seed, bit for bit; of some rows
   (``rows=``) too;
-* the ranking and the initial factors are the same bits on the device as
-  with numpy;
+* with the backend's fused build kernels (``cuda/cuwide_build.cu``,
+  which the backend's ``build_layout`` hands the build) and without them
+  (CuPy's array operations): the same layout;
+* the ranking, the penalty factors and the initial factors are the same
+  bits on the device as with numpy;
 * scipy and cupyx input give the same model;
 * a fit interrupted by an exception (in the layout build, or in an epoch)
   gives its device memory back: cupy's pool holds the bytes it held before.
@@ -35,8 +38,15 @@ pytestmark = [
 ]
 
 
+def _kernels(fused, dtype=np.float32):
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
+
+    return CudaBuildKernels(dtype) if fused else None
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_gpu_device_build_equals_cpu_build(case):
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "cupy"])
+def test_gpu_device_build_equals_cpu_build(case, fused):
     import cupy as cp
     import cupyx.scipy.sparse as cpsp
 
@@ -47,18 +57,21 @@ def test_gpu_device_build_equals_cpu_build(case):
     snapshot = [a.copy() for a in (X.indptr, X.indices, X.data)]
     kw = _kw(shuffle, batch_size, sample_block)
     A = build_layout(X, **kw)
-    B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=4099, **kw)
+    B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=4099,
+                                kernels=_kernels(fused), **kw)
     assert isinstance(B.feat, cp.ndarray)
     _assert_same(A, B, "uploaded")
     if not int64:  # an older cupy makes a cupyx matrix's indices int32
-        C = build_layout(cpsp.csr_matrix(X), xp=cp, chunk_nnz=chunk_nnz, **kw)
+        C = build_layout(cpsp.csr_matrix(X), xp=cp, chunk_nnz=chunk_nnz,
+                         kernels=_kernels(fused), **kw)
         _assert_same(A, C, "cupyx")
     for a, b in zip(snapshot, (X.indptr, X.indices, X.data)):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_gpu_device_build_float64_many_chunks(shuffle):
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "cupy"])
+def test_gpu_device_build_float64_many_chunks(shuffle, fused):
     """float64 values (uploaded as they are, stored as float32 on the
     device), upload runs and sort chunks that divide nothing evenly."""
     import cupy as cp
@@ -67,10 +80,12 @@ def test_gpu_device_build_float64_many_chunks(shuffle):
 
     X = _problem(np.random.default_rng(9), n=20011, d=3001, dtype=np.float64)
     kw = _kw(shuffle, 257, 100)
-    A = build_layout(X, **kw)
-    for chunk_nnz, upload in ((5003, 7919), (30011, 1 << 22)):
-        B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=upload, **kw)
-        _assert_same(A, B, f"float64 chunk={chunk_nnz} upload={upload}")
+    for dtype in (np.float32, np.float64):  # the layout's
+        A = build_layout(X, dtype=dtype, **kw)
+        for chunk_nnz, upload in ((5003, 7919), (30011, 1 << 22)):
+            B = _upload.build_on_device(X, cp, chunk_nnz=chunk_nnz, upload_chunk_nnz=upload,
+                                        dtype=dtype, kernels=_kernels(fused, dtype), **kw)
+            _assert_same(A, B, f"float64 chunk={chunk_nnz} upload={upload} {dtype}")
 
 
 def test_gpu_backend_build_layout_each_site(monkeypatch):
@@ -128,10 +143,20 @@ def test_gpu_ranking_and_factors_are_numpys_bits():
     rng = np.random.default_rng(7)
     idx = rng.integers(0, 5000, 200000)  # many ties
     val = rng.integers(0, 4, idx.size).astype(np.float32)
-    for a, b in zip(frequency_ranking(idx, 5000, data=val),
+    want = frequency_ranking(idx, 5000, data=val)
+    for a, b in zip(want,
                     frequency_ranking(cp.asarray(idx), 5000, xp=cp, data=cp.asarray(val))):
         assert isinstance(b, cp.ndarray)  # the ranking stays where it was computed
         np.testing.assert_array_equal(a, b.get())
+    # the fused kernels: counted by rows, ranked, the hot run counted
+    kern = _kernels(True)
+    indptr = cp.arange(0, idx.size + 1, 40, dtype=cp.int64)
+    counts = kern.feature_counts(indptr, cp.asarray(idx), cp.asarray(val), 5000, None)
+    hot_min = float(np.median(want[0]))
+    got = kern.rank(counts, idx.size, hot_min)
+    for a, b in zip(want, got[:3]):
+        np.testing.assert_array_equal(a, b.get())
+    assert got[3] == int((want[0] >= hot_min).sum())
     z = counter_normal(np, 12, np.arange(1 << 22))
     w = counter_normal(cp, 12, cp.arange(1 << 22))
     np.testing.assert_array_equal(z.view(np.uint64), w.get().view(np.uint64))
@@ -139,6 +164,20 @@ def test_gpu_ranking_and_factors_are_numpys_bits():
     V = draw_factors(np, 3, 0.01, order, 16)
     W = draw_factors(cp, 3, 0.01, cp.asarray(order), 16, chunk=1 << 16)
     np.testing.assert_array_equal(V.view(np.uint32), W.get().view(np.uint32))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gpu_penalty_scale_is_numpys(shuffle):
+    """The penalty factors of a layout on the device (the fused kernels)
+    are the numpy computation's bits."""
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._layout import penalty_scale
+
+    X = _problem(np.random.default_rng(4), n=20011, d=3001)
+    kw = dict(_kw(shuffle, 64, 30), chunk_nnz=30011)
+    A = build_layout(X, **kw)
+    D = _cuda.put_layout(_cuda.build_layout(X, **kw))
+    np.testing.assert_array_equal(penalty_scale(A), D.penalty_scale().get())
 
 
 def _data(n=20000, d=3000):

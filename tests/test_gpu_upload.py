@@ -529,10 +529,12 @@ def test_streamed_chunks_need_the_wait(monkeypatch):
 @pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("stream", ["current", "own"])
-def test_gpu_overlapped_build_is_identical(case, stream):
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "cupy"])
+def test_gpu_overlapped_build_is_identical(case, stream, fused):
     import cupy as cp
 
     from sklearn_cuwide._backends._cuda import _upload
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
 
     shuffle, batch_size, sample_block, chunk_nnz, int64, dup = case
     rng = np.random.default_rng()
@@ -542,8 +544,9 @@ def test_gpu_overlapped_build_is_identical(case, stream):
     assert _n_chunks(X, chunk_nnz, kw) >= 5  # the overlapped path runs, 5+ chunks
     s = cp.cuda.Stream(non_blocking=True) if stream == "own" else cp.cuda.get_current_stream()
     with s:
-        B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz, **kw)
-        C = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, **kw)
+        kernels = CudaBuildKernels() if fused else None
+        B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz, kernels=kernels, **kw)
+        C = build_layout(X, xp=cp, chunk_nnz=chunk_nnz, kernels=kernels, **kw)
         s.synchronize()
     assert isinstance(B.feat, cp.ndarray)
     _assert_same(A, B, "overlapped")
@@ -558,6 +561,7 @@ def test_gpu_float64_input_many_chunks():
     import cupy as cp
 
     from sklearn_cuwide._backends._cuda import _upload
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
 
     rng = np.random.default_rng()
     X = _problem(rng, n=20011, d=3001, dtype=np.float64)
@@ -568,6 +572,9 @@ def test_gpu_float64_input_many_chunks():
             assert _n_chunks(X, chunk_nnz, kw) >= 5
             B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz, **kw)
             _assert_same(A, B, f"float64 shuffle={shuffle} chunk={chunk_nnz}")
+            B = _upload.build_from_host(X, cp, chunk_nnz=chunk_nnz,
+                                        kernels=CudaBuildKernels(), **kw)
+            _assert_same(A, B, f"float64 shuffle={shuffle} chunk={chunk_nnz} kernels")
 
 
 @pytest.mark.gpu

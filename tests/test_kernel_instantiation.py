@@ -254,14 +254,21 @@ def _every_launcher_name():
                                                  _kernels.LOSS):
         names.add(_kernels.classic_instantiation(model, 16 if model == "fm" else 0, solver,
                                                  loss))
+    for idx, val, out in itertools.product(("int32", "int64"), ("float32", "float64"),
+                                           ("float32", "float64")):
+        names.update(n for n in _kernels.build_instantiations(idx, val, out).values()
+                     if "<" in n)
     return names
 
 
 def test_every_launcher_name_matches_a_template_of_the_sources():
     templates = {}
     for source in ("cuwide_train.cu", "cuwide_predict.cu", "cuwide_lbfgs.cu",
-                   "cuwide_classic.cu"):
+                   "cuwide_classic.cu", "cuwide_build.cu"):
         templates.update(_templates(source))
+    build = (CUDA_DIR / "cuwide_build.cu").read_text().split("#ifdef CUWIDE_NVCC_CHECK")[0]
+    plain = set(re.findall(r"__global__\s+void\s+(\w+)\s*\(", build))
+    assert plain - set(_templates("cuwide_build.cu")) == set(_kernels.BUILD_PLAIN)
     assert {"cuwide_train", "cuwide_train_cluster", "cuwide_train_ablation",
             "cuwide_train_ablation_cluster", "cuwide_predict", "cuwide_lbfgs_logistic_forward",
             "cuwide_lbfgs_logistic_backward", "cuwide_lbfgs_gram", "cuwide_lbfgs_direction",
@@ -324,6 +331,9 @@ def _fit_names():
                          *_kernels.lbfgs_instantiations("int64", "float64"),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_gram", 20),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_direction", 20)]),
+    ("cuwide_build.cu", [*_kernels.build_instantiations("int32", "float32", "float32").values(),
+                         *_kernels.build_instantiations("int64", "float64",
+                                                        "float64").values()]),
 ])
 def test_the_launchers_names_compile_from_the_source_nvrtc_gets(filename, names, tmp_path):
     """The source text handed to NVRTC (headers inlined: no include path)
@@ -372,6 +382,10 @@ def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k):
         ramp=_concurrency.default_ramp(model), slots=_runtime.full_grid(),
         cluster_sizes=_runtime.cluster_sizes(), and_later=True)
     assert built == set(expected.values())
+    # the layout build's kernels: one module, of the matrix's dtypes
+    builds = [names for (_, fname, names) in _kernels._CACHE if fname == "cuwide_build.cu"]
+    assert builds == [tuple(_kernels.build_instantiations(
+        X.indices.dtype, X.data.dtype, "float32").values())]
     # every module got is memoised: none was built twice
     assert _kernels.compile_seconds()[1] - modules == len(_kernels._CACHE)
     # the prediction builds the predict kernel of the input's dtypes, once

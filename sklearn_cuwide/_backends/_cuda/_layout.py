@@ -27,6 +27,7 @@ import numpy as np
 from ... import _layout, _memory
 from ..._config import get_config
 from . import _upload
+from ._build import CudaBuildKernels
 from ._runtime import device_memory
 
 #: a fresh token for each penalty-scale array a layout computes
@@ -83,6 +84,7 @@ def build_layout(X, memory_budget=None, **kw):
         if plan.build_chunk_nnz is not None and not on_device:
             # streamed: tiled on the GPU a chunk at a time into pinned memory
             kw["chunk_nnz"] = plan.build_chunk_nnz
+            kw["kernels"] = CudaBuildKernels(kw.get("dtype", np.float32))
             return _upload.build_from_host(X, cp, host_out=True, **kw)
     elif planned:  # the build the plan counted
         site = "device" if on_device or plan.csr_whole else "host_plan"
@@ -95,6 +97,7 @@ def build_layout(X, memory_budget=None, **kw):
             X = X.get()
         return _layout.build_layout(X, xp=np, **kw)
     kw.setdefault("chunk_nnz", _memory.DEVICE_CHUNK_NNZ)
+    kw["kernels"] = CudaBuildKernels(kw.get("dtype", np.float32))
     if on_device:  # on the device already: nothing to upload
         return _layout.build_layout(X, xp=cp, **kw)
     if site == "device":
@@ -218,7 +221,8 @@ class DeviceLayout:
             if self.host.penalty_factors is not None:  # a window's: given
                 self._pscale = cp.asarray(self.host.penalty_factors, dtype=cp.float32)
             elif isinstance(self.host.feat, cp.ndarray):
-                self._pscale = _layout.penalty_scale(self.host, cp)
+                self._pscale = CudaBuildKernels().penalty_scale(
+                    self.feat, self.tile_ptr, self.host.n_features, self.n_batches)
             else:
                 self._pscale = cp.asarray(_layout.penalty_scale(self.host, np))
             self._pscale_token = next(_TOKENS)

@@ -237,15 +237,16 @@ def build_from_host(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23, host_out=Fals
     device then holds one chunk's work at a time.  Same layout, bit for
     bit, as the numpy build.
     """
+    kernels = plan_kw.pop("kernels", None)  # the tiling's: the plan is the host's
     plan = _layout.plan_layout(X, chunk_nnz=chunk_nnz, **plan_kw)
     n = len(plan.chunks)
     empty = (lambda k, dt: _pinned_or_pageable(xp, k, dt)) if host_out else None
     if n < 2:  # nothing to overlap: one synchronous copy, no pinned buffers
-        return _layout.tile_layout(plan, xp, dtype, empty=empty)
+        return _layout.tile_layout(plan, xp, dtype, empty=empty, kernels=kernels)
     _, indices, data = plan.source
     rows = max(r1 - r0 for r0, r1 in map(plan.chunk_rows, range(n)))
     nnz = max(map(plan.chunk_nnz, range(n)))
-    tiler = _layout.LayoutTiler(plan, xp, dtype, empty=empty)
+    tiler = _layout.LayoutTiler(plan, xp, dtype, empty=empty, kernels=kernels)
     # a layout built into host memory is streamed: the build's slots are
     # freed with it, not kept in CuPy's pinned pool through the epochs
     up = PinnedUploader(xp, [(rows + 1, np.int64), (nnz, indices.dtype), (nnz, data.dtype)],
