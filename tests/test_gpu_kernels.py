@@ -575,3 +575,42 @@ def test_row_kernels_match_numpy(cuda, pinned, dtype, width, wider):
     cuda.scatter_rows(out[:0], ids_d[:0], host)
     cuda.synchronize()
     np.testing.assert_array_equal(host, want)
+
+
+@pytest.mark.parametrize("int64", [False, True])
+def test_build_kernels_give_the_numpy_build(int64):
+    """The layout build's fused kernels (``cuda/cuwide_build.cu``) through
+    each way a build reaches them: the CSR uploaded whole (some rows of it,
+    shuffled), a cupyx matrix, chunks gathered on the host (into device and
+    into page-locked arrays); then the penalty factors.  The numpy build's
+    layout and factors, bit for bit (the sanitizers run this test)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends._cuda import _upload
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
+    from sklearn_cuwide._backends._cuda._layout import put_layout
+    from sklearn_cuwide._layout import penalty_scale
+
+    from .test_device_pipeline import _kw, _problem
+    from .test_gpu_upload import _assert_same
+
+    rng = np.random.default_rng()
+    X = _problem(rng, n=3001, int64=int64)
+    rows = np.flatnonzero(rng.random(X.shape[0]) < 0.9)
+    kw = _kw(True, 64, 30)
+    A = build_layout(X[rows], **kw)
+    B = _upload.build_on_device(X, cp, chunk_nnz=2003, upload_chunk_nnz=4099, rows=rows,
+                                kernels=CudaBuildKernels(), **kw)
+    _assert_same(A, B, "uploaded, some rows")
+    A = build_layout(X, **kw)
+    if not int64:
+        _assert_same(A, build_layout(cpsp.csr_matrix(X), xp=cp, chunk_nnz=2003,
+                                     kernels=CudaBuildKernels(), **kw), "cupyx")
+    for host_out in (False, True):
+        _assert_same(A, _upload.build_from_host(X, cp, chunk_nnz=2003, host_out=host_out,
+                                                kernels=CudaBuildKernels(), **kw),
+                     f"from the host, host_out={host_out}")
+    C = _upload.build_on_device(X, cp, chunk_nnz=2003, kernels=CudaBuildKernels(), **kw)
+    _assert_same(A, C, "uploaded")
+    np.testing.assert_array_equal(penalty_scale(A), put_layout(C).penalty_scale().get())
