@@ -33,7 +33,8 @@ from ._backends import _concurrency
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
     "get_module_kernels", "train_instantiation", "launch_plan", "epoch_instantiations",
-    "predict_instantiation", "build_instantiations", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
+    "predict_instantiation", "build_instantiations", "factors_instantiation",
+    "loss_instantiation", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
 ]
 
@@ -205,6 +206,20 @@ def build_instantiations(indices_dtype, data_dtype, value_dtype):
     }
     names.update({n: n for n in BUILD_PLAIN})
     return names
+
+
+def factors_instantiation(dtype):
+    """The initial factors' kernel (``cuda/cuwide_factors.cu``) for factors
+    of ``dtype`` (its name, e.g. ``"float32"``)."""
+    return kernel_name("cuwide_draw_factors", CTYPE[str(dtype)])
+
+
+def loss_instantiation(loss):
+    """The weighted loss's kernel (``cuda/cuwide_loss.cu``) of ``loss``
+    (``"logistic"`` or ``"squared"``)."""
+    if loss not in ("logistic", "squared"):
+        raise ValueError(f"no weighted-loss kernel for loss={loss!r}")
+    return kernel_name("cuwide_weighted_loss", LOSS[loss])
 
 
 def classic_instantiation(model, n_factors, solver, loss):

@@ -224,8 +224,7 @@ def _validation_loss(backend, Xv, yv, swv, state, params):
     Z = backend.decision_function(
         Xv, state.w, state.b, state.V, fit_linear=params.fit_linear
     )
-    lo, _ = pointwise_loss(xp, xp.asarray(Z), yv, params.loss)
-    return float(xp.dot(swv, lo) / swv.sum())
+    return backend.weighted_loss(xp.asarray(Z), yv, swv, params.loss)
 
 
 def _host_validation_loss(Z, yv, swv, params):

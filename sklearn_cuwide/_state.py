@@ -19,7 +19,8 @@ from . import _host
 from ._loss import LOSSES
 
 __all__ = ["StepParams", "ModelState", "FitProgress", "LOSSES", "MODELS", "SOLVERS",
-           "counter_bits", "counter_normal", "draw_factors", "factor_seed", "shared_draws"]
+           "counter_bits", "counter_normal", "draw_factors", "factor_seed", "shared_draws",
+           "quantile_table", "seed_mix"]
 
 #: inside :func:`shared_draws`: the last host draw of initial factors, by
 #: what determines it (None outside)
@@ -157,7 +158,7 @@ def counter_bits(xp, seed, counter):
     z = counter.astype(u)  # a new array: the steps below work in place
     z += u(1)
     z *= u(_GAMMA)
-    z += u(_splitmix64_int(int(seed) & _MASK64))
+    z += u(seed_mix(seed))
     t = z >> u(30)
     z ^= t
     z *= u(_MUL1)
@@ -169,7 +170,13 @@ def counter_bits(xp, seed, counter):
     return z
 
 
-def _quantile_table():
+def seed_mix(seed):
+    """The seed's splitmix64 step that :func:`counter_bits` adds to every
+    counter (an int below ``2**64``)."""
+    return _splitmix64_int(int(seed) & _MASK64)
+
+
+def quantile_table():
     """``Phi^-1`` at the ``2**16 + 1`` cell edges ``i / 2**16`` (float64,
     host), the infinite ends replaced by ``Phi^-1(2**-18)`` and its
     negative; symmetric bit for bit.  Computed once."""
@@ -197,10 +204,10 @@ def counter_normal(xp, seed, counter, table=None):
     exactly rounded operations (integer conversions below ``2**53``, one
     multiply, one subtraction, one add, the table gathered) touch them, so
     numpy and cupy agree bit for bit; ``log``/``cos`` (Box-Muller) would not.
-    ``table``: :func:`_quantile_table` already on ``xp``'s device.
+    ``table``: :func:`quantile_table` already on ``xp``'s device.
     """
     if table is None:
-        table = xp.asarray(_quantile_table())
+        table = xp.asarray(quantile_table())
     bits = counter_bits(xp, seed, counter)
     u = xp.uint64
     cell = (bits >> u(64 - _CELL_BITS)).astype(xp.int64)
@@ -231,7 +238,7 @@ def draw_factors(xp, seed, scale, features, n_factors, dtype=np.float32,
     """
     n, k = int(features.shape[0]), int(n_factors)
     V = xp.empty((n, k), dtype=dtype)
-    table = xp.asarray(_quantile_table())
+    table = xp.asarray(quantile_table())
     ks = xp.arange(k, dtype=xp.int64)
     # on the host the rows are drawn in runs on every core, the chunk
     # shared among them (the temporaries stay within ``chunk`` values)
@@ -441,15 +448,14 @@ class ModelState:
         elif draw_with is None or draw_with is backend:
             if index is None:
                 index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
-            dev.V = draw_factors(xp, seed, scale, index, k, dtype=self.w.dtype)
+            dev.V = backend.draw_factors(seed, scale, index, k, self.w.dtype)
         else:
             order = np.asarray(order, dtype=np.int64)
             dev.V = blank((order.shape[0], k), self.w.dtype)
             step = max(1, int(draw_rows))
             for a in range(0, order.shape[0], step):
                 f = draw_with.xp.asarray(draw_with.to_device(order[a : a + step]))
-                part = draw_factors(draw_with.xp, seed, scale, f, k, dtype=self.w.dtype,
-                                    chunk=max(1, step * k))
+                part = draw_with.draw_factors(seed, scale, f, k, self.w.dtype)
                 if xp is np:  # onto the host: straight into the rows
                     draw_with.to_host(part, out=dev.V[a : a + step])
                 else:

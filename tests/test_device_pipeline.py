@@ -188,6 +188,16 @@ def test_device_build_empty_and_one_row(module):
 # --------------------------------------------------------------------------
 # the initial factors
 # --------------------------------------------------------------------------
+def _stand_in_draw(xp):
+    """A device backend's ``draw_factors`` with the array operations of
+    ``xp`` (the CUDA backend's is one kernel, checked on the GPU against
+    the same draws)."""
+    def draw(seed, scale, features, n_factors, dtype):
+        return draw_factors(xp, seed, scale, features, n_factors, dtype=dtype)
+
+    return draw
+
+
 def _splitmix64(seed, i):
     """splitmix64 with Python integers: the (seed, i) step, for reference."""
     m = (1 << 64) - 1
@@ -457,6 +467,7 @@ def test_fit_on_a_device_module_gathers_there_and_fits_the_same_model():
                                    if not k.startswith("__")})
     dev.xp, dev.to_device, dev.to_host = fake, to_device, lambda a: np.asarray(a).view(
         np.ndarray)
+    dev.draw_factors = _stand_in_draw(fake)
     params = StepParams(model="fm", solver="adagrad", learning_rate=0.05, l2_w=1e-3,
                         l2_v=1e-3)
     outs = []
@@ -498,7 +509,8 @@ def test_continued_state_is_permuted_on_the_device():
         return out
 
     dev = types.SimpleNamespace(xp=fake, put_state=put_state,
-                                to_device=lambda a: np.asarray(a).view(_Dev))
+                                to_device=lambda a: np.asarray(a).view(_Dev),
+                                draw_factors=_stand_in_draw(fake))
     warm = ModelState(w=rng.normal(size=(d, 1)).astype(np.float32),
                       b=np.array([0.3], np.float32),
                       V=rng.normal(size=(d, k)).astype(np.float32),
@@ -576,7 +588,7 @@ def test_factors_drawn_by_another_device_in_parts_are_the_same_bits():
 
     dev = types.SimpleNamespace(
         xp=fake, to_device=lambda a: drawn.append(len(a)) or np.asarray(a).view(_Dev),
-        to_host=to_host)
+        to_host=to_host, draw_factors=_stand_in_draw(fake))
     ref = st.put_in_layout_order(order, _cpu)
     got = st.put_in_layout_order(order, _cpu, draw_with=dev, draw_rows=100)
     assert drawn == [100] * 10 + [3]

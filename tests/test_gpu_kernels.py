@@ -614,3 +614,50 @@ def test_build_kernels_give_the_numpy_build(int64):
     C = _upload.build_on_device(X, cp, chunk_nnz=2003, kernels=CudaBuildKernels(), **kw)
     _assert_same(A, C, "uploaded")
     np.testing.assert_array_equal(penalty_scale(A), put_layout(C).penalty_scale().get())
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared", "multinomial"])
+def test_weighted_loss_kernel_matches_numpy(loss):
+    """Early stopping's validation loss on the device (``cuda/cuwide_loss.cu``;
+    the multinomial loss through the array operations) against the CPU
+    backend's: numpy's pointwise loss in float64, weighted; large decision
+    values (no overflow), zero weights, sizes that are no multiple of a
+    warp."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cuda
+
+    rng = np.random.default_rng()
+    for n in (1, 31, 1000, 100003):
+        D = 3 if loss == "multinomial" else 1
+        Z = rng.normal(scale=4.0, size=(n, D))
+        Z[:: 7] *= 200.0
+        y = (rng.integers(0, D, n) if loss == "multinomial" else
+             rng.integers(0, 2, n) if loss == "logistic" else rng.normal(size=n)).astype(
+                 np.float64)
+        w = rng.random(n)
+        w[:: 5] = 0.0
+        w[0] = 1.0
+        want = _cpu.weighted_loss(Z, y, w, loss)
+        got = _cuda.weighted_loss(cp.asarray(Z), cp.asarray(y), cp.asarray(w), loss)
+        assert isinstance(got, float)
+        np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{loss} n={n}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_factors_kernel_draws_numpys_bits(dtype):
+    """The initial factors on the device (``cuda/cuwide_factors.cu``): the
+    numpy draw's bits, for features in any order, a seed near 2**64 and a
+    factor count that is no power of two."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._state import draw_factors
+
+    view = np.uint32 if dtype == np.float32 else np.uint64
+    order = np.random.default_rng().permutation(70001).astype(np.int64)
+    for seed, k in ((2**64 - 5, 7), (3, 16)):
+        want = draw_factors(np, seed, 0.3, order, k, dtype=dtype)
+        got = _cuda.draw_factors(seed, 0.3, cp.asarray(order), k, dtype)
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_array_equal(want.view(view), got.get().view(view))

@@ -258,13 +258,16 @@ def _every_launcher_name():
                                            ("float32", "float64")):
         names.update(n for n in _kernels.build_instantiations(idx, val, out).values()
                      if "<" in n)
+    names |= {_kernels.factors_instantiation(d) for d in ("float32", "float64")}
+    names |= {_kernels.loss_instantiation(loss) for loss in ("logistic", "squared")}
     return names
 
 
 def test_every_launcher_name_matches_a_template_of_the_sources():
     templates = {}
     for source in ("cuwide_train.cu", "cuwide_predict.cu", "cuwide_lbfgs.cu",
-                   "cuwide_classic.cu", "cuwide_build.cu"):
+                   "cuwide_classic.cu", "cuwide_build.cu", "cuwide_factors.cu",
+                   "cuwide_loss.cu"):
         templates.update(_templates(source))
     build = (CUDA_DIR / "cuwide_build.cu").read_text().split("#ifdef CUWIDE_NVCC_CHECK")[0]
     plain = set(re.findall(r"__global__\s+void\s+(\w+)\s*\(", build))
@@ -331,6 +334,9 @@ def _fit_names():
                          *_kernels.lbfgs_instantiations("int64", "float64"),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_gram", 20),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_direction", 20)]),
+    ("cuwide_factors.cu", [_kernels.factors_instantiation("float32")]),
+    ("cuwide_loss.cu", [_kernels.loss_instantiation("logistic"),
+                        _kernels.loss_instantiation("squared")]),
     ("cuwide_build.cu", [*_kernels.build_instantiations("int32", "float32", "float32").values(),
                          *_kernels.build_instantiations("int64", "float64",
                                                         "float64").values()]),

@@ -227,7 +227,8 @@ def test_the_host_rows_are_made_in_place(fresh):
         made[-1].fill(np.nan)  # what an allocation may hold
         return made[-1]
 
-    device = types.SimpleNamespace(xp=np, to_device=lambda a: a, to_host=_cpu.to_host)
+    device = types.SimpleNamespace(xp=np, to_device=lambda a: a, to_host=_cpu.to_host,
+                                   draw_factors=_cpu.draw_factors)
     got = state.put_in_layout_order(order, _cpu, draw_with=device, draw_rows=128,
                                     empty=empty)
     ref = state.put_in_layout_order(order, _cpu)

@@ -138,6 +138,15 @@ class Backend(Protocol):
     def fused_objective(self, X, y, ws, *, loss, n_outputs, lam, fit_intercept):
         """The L-BFGS objective's ``fun_grad`` in fused kernels, or None."""
 
+    def weighted_loss(self, Z, y, w, loss):
+        """``sum(w * pointwise_loss(Z, y)) / sum(w)`` (a float) of decision
+        values ``Z`` and float64 targets and weights on the backend: early
+        stopping's validation loss."""
+
+    def draw_factors(self, seed, scale, features, n_factors, dtype):
+        """:func:`~sklearn_cuwide._state.draw_factors` of ``features`` (an
+        int64 array on the backend), the same bits on every backend."""
+
     def lbfgs_memory_ops(self):
         """L-BFGS's products with its stored pairs, or None for numpy's."""
 

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 from .. import _memory
 from .._layout import penalty_scale
 from .._loss import pointwise_loss
+from .._state import draw_factors as _draw_factors
 from .._sparse import canonical_csr, held_columns, with_columns
 from .._validation import check_sparse_structure
 
@@ -362,3 +363,15 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
 def lbfgs_memory_ops():
     """L-BFGS's products with its stored pairs: numpy's (BLAS) are the best."""
     return None
+
+
+def weighted_loss(Z, y, w, loss):
+    """``sum(w * loss(Z, y)) / sum(w)``: :func:`pointwise_loss` in numpy."""
+    lo, _ = pointwise_loss(np, np.asarray(Z), y, loss)
+    return float(np.dot(w, lo) / w.sum())
+
+
+def draw_factors(seed, scale, features, n_factors, dtype=np.float32):
+    """:func:`sklearn_cuwide._state.draw_factors` with numpy (on the
+    host's threads)."""
+    return _draw_factors(np, seed, scale, features, n_factors, dtype=dtype)

@@ -11,6 +11,10 @@ modules mirror ``cuda/``:
 * :mod:`._train` -- ``cuwide_train.cu`` and its launcher, :func:`run_epoch`;
 * :mod:`._predict` -- ``cuwide_predict.cu``, decision values from CSR;
 * :mod:`._lbfgs` -- ``cuwide_lbfgs.cu`` and the full-batch products;
+* :mod:`._build` -- ``cuwide_build.cu``: the layout build's passes over the
+  nonzeros, fused;
+* :mod:`._factors` -- ``cuwide_factors.cu``: the initial factors;
+* :mod:`._loss` -- ``cuwide_loss.cu``: early stopping's validation loss;
 * :mod:`._validate` -- checks of cupy / cupyx input, on the device;
 * :mod:`._upload` -- the pinned double-buffered uploader of the layout;
 * :mod:`._rows` -- ``cuwide_rows.cu``: the cold rows of a model wider than
@@ -22,8 +26,10 @@ modules mirror ``cuda/``:
 
 import cupy as cp
 
+from ._factors import draw_factors
 from ._layout import build_layout, put_layout
 from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
+from ._loss import weighted_loss
 from ._predict import decision_function
 from ._runtime import (
     concurrent_blocks,
@@ -57,4 +63,5 @@ __all__ = [
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
     "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",
+    "weighted_loss", "draw_factors",
 ]
