@@ -32,7 +32,7 @@ from ._backends import _concurrency
 
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
-    "get_module_kernels", "train_instantiation", "launch_plan", "epoch_instantiations",
+    "get_module_kernels", "prefetch", "train_instantiation", "launch_plan", "epoch_instantiations",
     "predict_instantiation", "build_instantiations", "factors_instantiation",
     "loss_instantiation", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
@@ -281,84 +281,134 @@ def source_text(filename, directory=None):
 # modules (cupy)
 # --------------------------------------------------------------------------
 _CACHE = {}  # (device, filename, name_expression or their tuple) -> RawKernel(s)
+_PENDING = {}  # the same keys -> the Future of a build under way
 _SOURCES = {}  # filename -> source text (read once per process)
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # guards the three dicts; never held while compiling
 _COMPILE = {"seconds": 0.0, "modules": 0}
 
 
 def compile_seconds():
-    """Wall-clock seconds this process spent getting kernel modules (NVRTC
-    compilation, or a load from CuPy's on-disk cache), and how many: a
-    ``(seconds, modules)`` pair that only grows."""
+    """Wall-clock seconds this process's fits and predictions waited for
+    kernel modules (NVRTC compilation, a load from CuPy's on-disk cache, or
+    a :func:`prefetch` still at work), and how many modules were built: a
+    ``(seconds, modules)`` pair that only grows.  A prefetch's own time is
+    not counted: it overlaps other work."""
     return _COMPILE["seconds"], _COMPILE["modules"]
 
 
-def _module_kernel(cupy, dev, filename, name_expression):
-    """One instantiation's RawModule and its kernel, built on device ``dev``
-    (compiled here, or loaded from CuPy's cache)."""
+def _module_kernels(cupy, dev, filename, name_expressions):
+    """One RawModule of ``name_expressions`` and their kernels, built on
+    device ``dev`` (compiled here, or loaded from CuPy's cache)."""
     with cupy.cuda.Device(dev):
         mod = cupy.RawModule(code=_SOURCES[filename], options=NVRTC_OPTIONS,
-                             name_expressions=[name_expression])
-        return mod.get_function(name_expression)
+                             name_expressions=list(name_expressions))
+        return [mod.get_function(e) for e in name_expressions]
 
 
-def get_kernels(filename, name_expressions):
+def _obtain(filename, keys, build, count=True):
+    """The memoised values of ``keys`` (``(device, filename, expression(s))``),
+    the missing ones made by ``build(missing_keys)`` (a list, in order) in
+    this thread; those another thread is making are waited for.
+
+    Rule: every key is built once per process, whichever thread asks first,
+    and no lock is held while it compiles.  Why: a prefetch compiles in the
+    background while the fit's own thread gets other modules.
+    """
+    if all(k in _CACHE for k in keys):
+        return [_CACHE[k] for k in keys]
+    from concurrent.futures import Future
+
+    t0 = time.perf_counter()
+    with _LOCK:
+        if filename not in _SOURCES:
+            _SOURCES[filename] = source_text(filename)
+        mine, theirs = [], []
+        for k in dict.fromkeys(keys):
+            if k in _CACHE:
+                continue
+            if k in _PENDING:
+                theirs.append(_PENDING[k])
+            else:
+                _PENDING[k] = Future()
+                mine.append(k)
+    if mine:
+        try:
+            built = build(mine)
+        except BaseException as e:
+            with _LOCK:
+                for k in mine:
+                    _PENDING.pop(k).set_exception(e)
+            raise
+        with _LOCK:
+            _COMPILE["modules"] += len(mine)
+            for k, b in zip(mine, built):
+                _CACHE[k] = b
+                _PENDING.pop(k).set_result(b)
+    for f in theirs:
+        f.result()  # raises the other thread's error, if its build failed
+    if count:
+        with _LOCK:
+            _COMPILE["seconds"] += time.perf_counter() - t0
+    return [_CACHE[k] for k in keys]
+
+
+def get_kernels(filename, name_expressions, count=True):
     """The compiled ``cupy.RawKernel`` of each name expression (a list, in
     order), on the current device.
 
     Those not yet memoised are built at once, one module each, in threads:
     the instantiations an epoch launches cost the time of the slowest, not
-    their sum.
+    their sum.  ``count``: the wait goes into :func:`compile_seconds`.
     """
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
-    keys = [(dev, filename, e) for e in name_expressions]
-    if all(k in _CACHE for k in keys):
-        return [_CACHE[k] for k in keys]
-    with _LOCK:
-        missing = list(dict.fromkeys(k for k in keys if k not in _CACHE))
-        if missing:
-            if filename not in _SOURCES:
-                _SOURCES[filename] = source_text(filename)
-            t0 = time.perf_counter()
-            if len(missing) == 1:
-                built = [_module_kernel(cupy, dev, filename, missing[0][2])]
-            else:
-                from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(len(missing)) as pool:
-                    built = list(pool.map(
-                        lambda k: _module_kernel(cupy, dev, filename, k[2]), missing))
-            _COMPILE["seconds"] += time.perf_counter() - t0
-            _COMPILE["modules"] += len(missing)
-            _CACHE.update(zip(missing, built))
-    return [_CACHE[k] for k in keys]
+    def build(missing):
+        if len(missing) == 1:
+            return [_module_kernels(cupy, dev, filename, [missing[0][2]])[0]]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(missing)) as pool:
+            return list(pool.map(
+                lambda k: _module_kernels(cupy, dev, filename, [k[2]])[0], missing))
+
+    return _obtain(filename, [(dev, filename, e) for e in name_expressions], build, count)
 
 
-def get_module_kernels(filename, name_expressions):
+def get_module_kernels(filename, name_expressions, count=True):
     """The compiled ``cupy.RawKernel`` of each name expression (a list, in
     order), all from one module of ``filename`` on the current device,
     compiled (or loaded) once: kernels launched together, none worth a
-    module of its own."""
+    module of its own.  ``count``: as :func:`get_kernels`'s."""
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
     key = (dev, filename, tuple(name_expressions))
-    if key not in _CACHE:
-        with _LOCK:
-            if key not in _CACHE:
-                if filename not in _SOURCES:
-                    _SOURCES[filename] = source_text(filename)
-                t0 = time.perf_counter()
-                with cupy.cuda.Device(dev):
-                    mod = cupy.RawModule(code=_SOURCES[filename], options=NVRTC_OPTIONS,
-                                         name_expressions=list(key[2]))
-                    built = [mod.get_function(e) for e in key[2]]
-                _COMPILE["seconds"] += time.perf_counter() - t0
-                _COMPILE["modules"] += 1
-                _CACHE[key] = built
-    return _CACHE[key]
+    return _obtain(filename, [key],
+                   lambda m: [_module_kernels(cupy, dev, filename, key[2])], count)[0]
+
+
+def prefetch(*requests):
+    """Start building kernels in a background thread, on the current
+    device: each request is ``(getter, filename, name_expressions)`` with
+    ``getter`` :func:`get_kernels` or :func:`get_module_kernels`.  Returns
+    at once; a fit that asks for them later gets them from the memo, or
+    waits for the build under way (and gets its error, if it failed, where
+    the fit can report it)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+
+    def run():
+        with cupy.cuda.Device(dev):
+            for getter, filename, names in requests:
+                try:
+                    getter(filename, names, count=False)
+                except Exception:  # noqa: BLE001 - see the docstring
+                    pass
+
+    threading.Thread(target=run, name="cuwide-prefetch", daemon=True).start()
 
 
 def get_kernel(filename, name_expression):

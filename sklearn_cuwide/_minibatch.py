@@ -161,6 +161,15 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     progress.stage("step parameters")
     sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
                                                  schedule.batch_size)
+    # a fresh model's first steps move it most: they are taken from the
+    # freshest weights, with the workers added in stages
+    ramp = _concurrency.default_ramp(params.model) if warm is None else 0
+    n_laid = X.shape[0] if tr is None else len(tr)
+    n_batches = -(-n_laid // schedule.batch_size)
+    if n_batches:
+        backend.prepare_fit(X, params, n_outputs, n_factors, n_batches,
+                            backend.concurrent_blocks(schedule.concurrency, params, n_batches),
+                            ramp, COMPUTE_DTYPE)
     layout = backend.build_layout(
         X, batch_size=schedule.batch_size, sample_block=sample_block,
         n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
@@ -171,9 +180,6 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     model_rows = None if plan is None else plan.model_rows
     backend.release_cached()  # under a limit the build's freed blocks count against it
     progress.stage("layout")
-    # a fresh model's first steps move it most: they are taken from the
-    # freshest weights, with the workers added in stages
-    ramp = _concurrency.default_ramp(params.model) if warm is None else 0
     results, blown_up = [], []
     for k, t in enumerate(targets):
         t = np.asarray(t, dtype=np.float64)

@@ -84,6 +84,12 @@ class Backend(Protocol):
         """Workers (mini-batches trained at once) for the estimators'
         ``concurrency`` parameter; 1 trains in order."""
 
+    def prepare_fit(self, X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype):
+        """Start, in the background, what a mini-batch fit of ``X`` will
+        need first (the CUDA backend compiles its kernels: the layout
+        build's for ``X``'s dtypes, the first epoch's for ``n_batches``,
+        ``workers`` and the warm-up ``ramp``); returns at once."""
+
     def build_layout(self, X, **kw):
         """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest."""
 

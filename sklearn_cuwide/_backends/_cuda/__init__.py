@@ -49,7 +49,7 @@ from ._runtime import (
     use_device,
 )
 from ._rows import empty_host_rows, gather_rows, host_rows, scatter_rows
-from ._train import run_epoch
+from ._train import prepare_fit, run_epoch
 from ._validate import validate_input
 
 name = "cuda"
@@ -63,5 +63,5 @@ __all__ = [
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
     "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",
-    "weighted_loss", "draw_factors",
+    "weighted_loss", "draw_factors", "prepare_fit",
 ]

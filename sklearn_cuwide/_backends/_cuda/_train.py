@@ -115,6 +115,25 @@ def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cl
     return dict(zip(names, _kernels.get_kernels(SOURCE, list(names.values()))))
 
 
+def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype):
+    """Start compiling, in the background, the kernels a mini-batch fit of
+    ``X`` reaches first: the layout build's module (for ``X``'s dtypes and
+    the layout's ``dtype``) and the first epoch's training kernels (a
+    resident layout of ``n_batches``, ``workers`` and the warm-up ``ramp``).
+    Rule: what a fit compiles is started before the work that needs it.
+    Why: NVRTC releases the GIL, so the compilations overlap the upload, the
+    layout build and CuPy's own compilations instead of following them."""
+    if getattr(X, "format", None) == "csr" and X.dtype in (np.float32, np.float64) \
+            and X.indices.dtype in (np.int32, np.int64):
+        _kernels.prefetch((_kernels.get_module_kernels, "cuwide_build.cu", list(
+            _kernels.build_instantiations(X.indices.dtype, X.dtype, np.dtype(dtype)).values())))
+    names = _kernels.epoch_instantiations(
+        params.model, n_outputs, n_factors, params.solver, params.loss,
+        chunk_batches=[int(n_batches)], grid=int(workers), ramp=ramp, slots=full_grid(),
+        cluster_sizes=cluster_sizes(), and_later=True)
+    _kernels.prefetch((_kernels.get_kernels, SOURCE, list(names.values())))
+
+
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0,
               ramp_done=0):
     """One pass over the mini-batches with the flow-based kernel.
