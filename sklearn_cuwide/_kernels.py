@@ -400,6 +400,15 @@ def prefetch(*requests):
 
     dev = cupy.cuda.runtime.getDevice()
 
+    def memoised(getter, filename, names):
+        if getter is get_module_kernels:
+            return (dev, filename, tuple(names)) in _CACHE
+        return all((dev, filename, e) in _CACHE for e in names)
+
+    requests = [r for r in requests if not memoised(*r)]
+    if not requests:  # a later fit of the same kind: no thread
+        return
+
     def run():
         with cupy.cuda.Device(dev):
             for getter, filename, names in requests:
