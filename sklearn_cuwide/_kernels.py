@@ -32,7 +32,7 @@ from ._backends import _concurrency
 
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
-    "get_module_kernels", "prefetch", "train_instantiation", "launch_plan", "epoch_instantiations",
+    "get_module_kernels", "memoised_module", "prefetch", "train_instantiation", "launch_plan", "epoch_instantiations",
     "predict_instantiation", "build_instantiations", "factors_instantiation",
     "loss_instantiation", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
@@ -387,6 +387,20 @@ def get_module_kernels(filename, name_expressions, count=True):
     key = (dev, filename, tuple(name_expressions))
     return _obtain(filename, [key],
                    lambda m: [_module_kernels(cupy, dev, filename, key[2])], count)[0]
+
+
+def memoised_module(filename):
+    """The kernels of a module of ``filename`` built by
+    :func:`get_module_kernels` on the current device (the first one
+    memoised), and their name expressions: ``(names, kernels)``, or None."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    with _LOCK:
+        for key, kernels in _CACHE.items():
+            if key[0] == dev and key[1] == filename and isinstance(key[2], tuple):
+                return key[2], kernels
+    return None
 
 
 def prefetch(*requests):

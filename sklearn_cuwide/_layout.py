@@ -292,7 +292,7 @@ def penalty_scale(layout, xp=np, chunk=1 << 22):
 class BuildKernels:
     """The fused passes of a device build (its backend implements them; the
     CUDA backend's are ``cuda/cuwide_build.cu``).  Each must give what the
-    array operations it replaces give, bit for bit; ``tests/_reference.py``
+    array operations it replaces give, bit for bit; ``tests/_build_reference.py``
     has their numpy statement.  Arrays are the device's; "rows" are the
     rows of a CSR ``(indptr, indices, data)`` (``indptr`` int64).
 
@@ -579,7 +579,7 @@ def plan_csr(
     if source_rows is not None and n_rows < n_source:
         left_out = np.ones(n_source, dtype=bool)
         left_out[source_rows] = False
-        left_out = xp.asarray(np.flatnonzero(left_out))
+        left_out = xp.asarray(np.flatnonzero(left_out), dtype=xp.int64)
     if kernels is not None:
         counts = kernels.feature_counts(indptr, indices, data, n_features, left_out)
     else:
@@ -630,7 +630,7 @@ def plan_csr(
     users = None
     if kernels is not None and n_batches:
         users = _layout_users(row_order, source_rows, shuffle)
-        users = None if users is None else xp.asarray(users)
+        users = None if users is None else xp.asarray(users, dtype=xp.int64)
         np.cumsum(kernels.batch_nnz(indptr, users, n_rows, batch_size),
                   out=batch_nnz_ptr[1:])
     elif n_batches:
@@ -736,12 +736,15 @@ class LayoutTiler:
         if kern is None or p.source_xp is not self.xp or not kern.takes(indices, data):
             return self.sort(k, *p.read_chunk(k))
         r0, r1 = p.chunk_rows(k)
-        users = p.source_users
+        if p.source_users is not None:  # planned with the kernels
+            users = p.source_users[r0:r1]
+        else:
+            users = p._users(r0, r1)
+            users = None if users is None else self.xp.asarray(users, dtype=self.xp.int64)
         if users is None:  # rows r0:r1 of the source as they lie
             return self._sort_keys(k, kern.chunk_keys(
                 self, k, indptr[r0 : r1 + 1], indices, data, None))
-        return self._sort_keys(k, kern.chunk_keys(
-            self, k, indptr, indices, data, users[r0:r1]))
+        return self._sort_keys(k, kern.chunk_keys(self, k, indptr, indices, data, users))
 
     def sort(self, k, indptr, indices, data):
         """Sort chunk ``k``'s nonzeros by (sample block, feature, local row).

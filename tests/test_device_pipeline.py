@@ -34,7 +34,9 @@ from sklearn_cuwide._layout import (
     build_layout_csr,
     layout_to_csr,
     penalty_scale,
+    plan_csr,
     plan_layout,
+    tile_layout,
 )
 from sklearn_cuwide._state import (
     ModelState,
@@ -159,6 +161,15 @@ def test_build_of_some_rows_equals_the_build_of_their_copy(case, module, which):
     C = build_layout_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, rows=rows,
                          kernels=kernels, **kw)
     _assert_same(A, C, module)
+    if kernels is not None:
+        assert {"feature_counts", "chunk_keys", "chunk_store"} <= set(kernels.calls)
+        # a plan made without the kernels, tiled with them: the rows go
+        # through the plan's row order all the same
+        xp, kernels = _module(module)
+        parts = [xp.asarray(a) for a in (X.indptr, X.indices, X.data)]
+        plan = plan_csr(X.shape, *parts, xp=xp, chunk_nnz=chunk_nnz, rows=rows, **kw)
+        _assert_same(A, tile_layout(plan, xp, kernels=kernels), f"{module}, planned apart")
+        assert "chunk_keys" in kernels.calls
     # the host gather into the uploader's buffers (build_from_host's)
     plan = plan_layout(X, rows=rows, chunk_nnz=chunk_nnz, **kw)
     for k in range(len(plan.chunks)):

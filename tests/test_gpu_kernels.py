@@ -642,6 +642,8 @@ def test_weighted_loss_kernel_matches_numpy(loss):
         got = _cuda.weighted_loss(cp.asarray(Z), cp.asarray(y), cp.asarray(w), loss)
         assert isinstance(got, float)
         np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{loss} n={n}")
+        # the same bits every run: early stopping compares these
+        assert _cuda.weighted_loss(cp.asarray(Z), cp.asarray(y), cp.asarray(w), loss) == got
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

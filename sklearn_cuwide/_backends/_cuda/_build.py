@@ -19,7 +19,7 @@ import cupy as cp
 import numpy as np
 
 from ... import _layout
-from ..._kernels import build_instantiations, get_module_kernels
+from ..._kernels import build_instantiations, get_module_kernels, memoised_module
 from ._runtime import NULL
 
 __all__ = ["CudaBuildKernels"]
@@ -47,6 +47,7 @@ class CudaBuildKernels(_layout.BuildKernels):
     def __init__(self, dtype=np.float32):
         self.dtype = np.dtype(dtype)
         self._dtypes = (np.dtype(np.int32), np.dtype(np.float32))
+        self._seen = False
 
     def takes(self, indices, data):
         return (isinstance(indices, cp.ndarray) and isinstance(data, cp.ndarray)
@@ -58,6 +59,12 @@ class CudaBuildKernels(_layout.BuildKernels):
         ``{name: kernel}``."""
         if indices is not None:
             self._dtypes = (indices.dtype, data.dtype)
+            self._seen = True
+        elif not self._seen:  # no matrix: any build's module has the plain kernels
+            made = memoised_module(_FILE)
+            if made is not None:
+                roles = list(build_instantiations("int32", "float32", "float32"))
+                return dict(zip(roles, made[1]))
         names = build_instantiations(*(np.dtype(d).name for d in self._dtypes + (self.dtype,)))
         kernels = get_module_kernels(_FILE, list(names.values()))
         return dict(zip(names, kernels))
