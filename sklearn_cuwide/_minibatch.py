@@ -439,16 +439,22 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
     that they improve the model."""
     if tol is None:
         return
-    if any(r.n_iter >= max_iter for r in results):
+    ran_out = [r for r in results if r.n_iter >= max_iter]
+    if ran_out:
+        # said only of what the curves show: a last epoch below every one before
+        if any(_still_falling(r.loss_curve, tol) for r in ran_out):
+            lead = "The training loss was still falling"
+        else:
+            lead = "The training loss had not settled (its last epoch did not lower it)"
         if chosen_at_max_iter:
             advice = (
-                "The training loss was still falling; its penalty was chosen on "
+                f"{lead}; its penalty was chosen on "
                 "held-out rows for this max_iter, and more epochs fit the training "
                 "rows closer, which need not predict better. Set tol=None to run "
                 "max_iter epochs without this warning.")
         elif early_stopping_advice:
             advice = (
-                "The training loss was still falling: set early_stopping=True to "
+                f"{lead}: set early_stopping=True to "
                 "stop on the loss of a held-out part of the data (and keep its "
                 "best epoch), which also tells a model that overfits from one "
                 "that needs more epochs; or increase max_iter to fit the "
@@ -459,6 +465,12 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
                       "tol=None to run max_iter epochs without this warning.")
         warn(f"Maximum number of iteration reached before convergence "
              f"(max_iter={max_iter}). {advice}", ConvergenceWarning)
+
+
+def _still_falling(curve, tol):
+    """Whether a loss curve's last epoch lowered it by more than ``tol``
+    below every epoch before it (the stopping rule's improvement)."""
+    return len(curve) >= 2 and curve[-1] < min(curve[:-1]) - tol
 
 
 def rows_nnz(X, rows, backend):

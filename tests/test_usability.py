@@ -237,6 +237,37 @@ def test_max_iter_reached_warns_as_sgdclassifier(est):
         assert np.max(est.n_iter_) < 500
 
 
+def test_max_iter_warning_says_the_loss_fell_only_when_it_did():
+    """The warning says "still falling" only of a curve whose last epoch
+    lowered the loss below every epoch before it; a last epoch that raised
+    it (early epochs on small data can) is said to have not settled."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    from sklearn_cuwide import GPUFactorizationMachine
+    from sklearn_cuwide._minibatch import _still_falling
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    assert _still_falling([0.6, 0.5], 1e-4) and not _still_falling([0.56, 2.84], 1e-4)
+    assert not _still_falling([0.5, 0.6, 0.55], 1e-4) and not _still_falling([0.5], 1e-4)
+    X, y = make_ctr_classification(n_samples=3000, n_features=2**12, random_state=0)[:2]
+    yb = ((y + (np.arange(3000) % 3 == 0)) == 2).astype(int)
+    est = GPUFactorizationMachine(max_iter=2, early_stopping=False, device="cpu",
+                                  random_state=0)
+    with pytest.warns(ConvergenceWarning) as w:
+        est.fit(X, yb)
+    text = str(w[0].message)
+    curve = est.loss_curve_
+    if curve[-1] < curve[0] - est.tol:
+        assert "was still falling" in text
+    else:
+        assert "had not settled" in text and "falling" not in text
+    est.set_params(max_iter=3, early_stopping=False)
+    with pytest.warns(ConvergenceWarning) as w:
+        est.fit(X, yb)
+    c = est.loss_curve_
+    assert ("was still falling" in str(w[0].message)) == (c[-1] < min(c[:-1]) - est.tol)
+
+
 def test_lbfgs_tol_none_runs_max_iter_without_a_warning():
     """tol=None: no gradient rule, max_iter iterations and no warning for
     them; the same fit with a tol warns; the coefficients are those of the
