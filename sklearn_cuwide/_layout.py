@@ -390,12 +390,7 @@ class LayoutPlan:
     def _users(self, r0, r1):
         """The source rows of layout rows ``r0:r1`` (numpy int64), or None
         when they are the source's rows ``r0:r1`` as they lie."""
-        if self.shuffled:
-            users = self.row_order[r0:r1]
-            return users if self.source_rows is None else self.source_rows[users]
-        if self.source_rows is not None:
-            return self.source_rows[r0:r1]
-        return None
+        return _source_rows(self.row_order, self.source_rows, self.shuffled, r0, r1)
 
     @property
     def n_sblocks(self):
@@ -629,7 +624,7 @@ def plan_csr(
     batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
     users = None
     if kernels is not None and n_batches:
-        users = _layout_users(row_order, source_rows, shuffle)
+        users = _source_rows(row_order, source_rows, shuffle, 0, n_rows)
         users = None if users is None else xp.asarray(users, dtype=xp.int64)
         np.cumsum(kernels.batch_nnz(indptr, users, n_rows, batch_size),
                   out=batch_nnz_ptr[1:])
@@ -676,12 +671,16 @@ def plan_csr(
     )
 
 
-def _layout_users(row_order, source_rows, shuffle):
-    """The source row of every layout row (numpy int64), or None when they
-    are the source's rows as they lie (see :meth:`LayoutPlan._users`)."""
-    if shuffle:
-        return row_order if source_rows is None else source_rows[row_order]
-    return source_rows
+def _source_rows(row_order, source_rows, shuffled, r0, r1):
+    """The source rows of layout rows ``r0:r1`` (numpy int64): the row
+    order's, through the rows laid out (``source_rows``, or all); None when
+    they are the source's rows ``r0:r1`` as they lie."""
+    if shuffled:
+        users = row_order[r0:r1]
+        return users if source_rows is None else source_rows[users]
+    if source_rows is not None:
+        return source_rows[r0:r1]
+    return None
 
 
 class LayoutTiler:

@@ -6,7 +6,7 @@ CUDA kernels implement the same formulas (``cuda/cuwide_common.cuh``) and are
 tested against it through the CPU backend.
 """
 
-__all__ = ["LOSSES", "pointwise_loss"]
+__all__ = ["LOSSES", "pointwise_loss", "weighted_loss"]
 
 #: the losses: binary log-loss on 0/1 targets, softmax cross-entropy on class
 #: indices, half the squared error on real targets
@@ -52,3 +52,10 @@ def pointwise_loss(xp, Z, y, loss):
     P = ez / se
     P[rows, yi] -= 1.0
     return lo, P
+
+
+def weighted_loss(xp, Z, y, w, loss):
+    """``sum(w * loss) / sum(w)`` (a float) of :func:`pointwise_loss`, in
+    float64 with ``xp``: early stopping's validation loss (no weight: nan)."""
+    lo, _ = pointwise_loss(xp, xp.asarray(Z, dtype=xp.float64), y, loss)
+    return float(xp.dot(w, lo) / w.sum())

@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ._host import all_finite
 from ._layout import host_array
 from ._lbfgs import minimize_lbfgs
-from ._loss import pointwise_loss
+from ._loss import pointwise_loss, weighted_loss
 from ._out_of_core import OutOfCoreModel
 from ._state import FitProgress, ModelState
 from ._warn import warn
@@ -229,8 +229,7 @@ def _validation_loss(backend, Xv, yv, swv, state, params):
 
 def _host_validation_loss(Z, yv, swv, params):
     """:func:`_validation_loss` of decision values ``Z`` on the host."""
-    lo, _ = pointwise_loss(np, np.asarray(Z), yv, params.loss)
-    return float(np.dot(swv, lo) / swv.sum())
+    return weighted_loss(np, Z, yv, swv, params.loss)
 
 
 def fit_minibatch(

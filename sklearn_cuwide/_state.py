@@ -423,7 +423,14 @@ class ModelState:
 
             blank = empty
         kept = replace(self, **dict.fromkeys(zero))
-        xp, index = backend.xp, None  # index: ``order`` on the device, once
+        xp, index = backend.xp, None
+
+        def device_order():  # ``order`` on the device, made once
+            nonlocal index
+            if index is None:
+                index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
+            return index
+
         if xp is np:
             dev = backend.put_state(kept.permute_features(order, empty=empty))
         else:
@@ -434,10 +441,7 @@ class ModelState:
             dev = backend.put_state(kept)
             for k in ("w", "V", "gw", "gV"):
                 if getattr(dev, k) is not None:
-                    if index is None:
-                        index = xp.asarray(backend.to_device(order)).astype(xp.int64,
-                                                                            copy=False)
-                    setattr(dev, k, xp.ascontiguousarray(getattr(dev, k)[index]))
+                    setattr(dev, k, xp.ascontiguousarray(getattr(dev, k)[device_order()]))
         for k, a in zero.items():
             setattr(dev, k, zeros(a.shape, a.dtype))
         if self.factor_init is None:
@@ -446,9 +450,7 @@ class ModelState:
         if (draw_with is None or draw_with is backend) and xp is np:
             dev.V = _host_draw(seed, scale, order, k, self.w.dtype)
         elif draw_with is None or draw_with is backend:
-            if index is None:
-                index = xp.asarray(backend.to_device(order)).astype(xp.int64, copy=False)
-            dev.V = backend.draw_factors(seed, scale, index, k, self.w.dtype)
+            dev.V = backend.draw_factors(seed, scale, device_order(), k, self.w.dtype)
         else:
             order = np.asarray(order, dtype=np.int64)
             dev.V = blank((order.shape[0], k), self.w.dtype)

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from .. import _memory
 from .._layout import penalty_scale
-from .._loss import pointwise_loss
+from .._loss import pointwise_loss, weighted_loss as _weighted_loss
 from .._state import draw_factors as _draw_factors
 from .._sparse import canonical_csr, held_columns, with_columns
 from .._validation import check_sparse_structure
@@ -370,9 +370,9 @@ def lbfgs_memory_ops():
 
 
 def weighted_loss(Z, y, w, loss):
-    """``sum(w * loss(Z, y)) / sum(w)``: :func:`pointwise_loss` in numpy."""
-    lo, _ = pointwise_loss(np, np.asarray(Z), y, loss)
-    return float(np.dot(w, lo) / w.sum())
+    """``sum(w * loss(Z, y)) / sum(w)``: :func:`sklearn_cuwide._loss.weighted_loss`
+    in numpy."""
+    return _weighted_loss(np, Z, y, w, loss)
 
 
 def draw_factors(seed, scale, features, n_factors, dtype=np.float32):

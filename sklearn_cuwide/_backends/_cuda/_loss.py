@@ -8,7 +8,7 @@ import cupy as cp
 import numpy as np
 
 from ..._kernels import get_kernel, loss_instantiation
-from ..._loss import pointwise_loss
+from ..._loss import weighted_loss as _weighted_loss
 
 __all__ = ["weighted_loss"]
 
@@ -22,8 +22,7 @@ def weighted_loss(Z, y, w, loss):
     the device; the multinomial loss through :func:`pointwise_loss`."""
     n = int(Z.shape[0])
     if loss == "multinomial" or n == 0:
-        lo, _ = pointwise_loss(cp, cp.asarray(Z, dtype=cp.float64), y, loss)
-        return float(cp.dot(w, lo) / w.sum())  # no weight: nan, as numpy's
+        return _weighted_loss(cp, Z, y, w, loss)
     z = cp.ascontiguousarray(Z[:, 0], dtype=cp.float64)
     blocks = max(1, min(math.ceil(n / _THREADS), _MAX_BLOCKS))  # a function of n alone
     partial = cp.empty(2 * blocks, dtype=cp.float64)
