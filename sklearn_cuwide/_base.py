@@ -505,19 +505,24 @@ _F32_MAX, _F32_TINY = F32_MAX, float(np.finfo(COMPUTE_DTYPE).tiny)
 _BINCOUNT_SPAN = 1 << 20
 
 
-def _label_presence(y):
+def _label_presence(y, codes=True):
     """``(lo, present, idx)`` of bool labels and of integer labels whose
     span ``max - min`` is below ``max(n_samples, 2**20)``: ``idx`` the labels
-    minus ``lo`` (intp), ``present`` which values of the span occur (a
-    bincount: linear, no sort); None for other labels."""
+    minus ``lo`` (a new intp array; None when ``codes`` is false),
+    ``present`` which values of the span occur (a bincount: linear, no
+    sort); None for other labels."""
     y = np.asarray(y)
     if y.ndim == 1 and y.size and (y.dtype.kind in "iu" or y.dtype == bool):
         lo, hi = int(y.min()), int(y.max())
         if hi - lo < max(y.size, _BINCOUNT_SPAN) and -(2**62) < lo and hi < 2**62:
-            idx = y.astype(np.intp)
-            if lo:
-                idx -= lo
-            return lo, np.bincount(idx, minlength=hi - lo + 1) > 0, idx
+            if not codes and not lo and y.dtype.kind == "i":
+                idx = y  # counted where it is: bincount only reads it
+            else:
+                idx = y.astype(np.intp)
+                if lo:
+                    idx -= lo
+            present = np.bincount(idx, minlength=hi - lo + 1) > 0
+            return lo, present, idx if codes else None
     return None
 
 
@@ -543,7 +548,7 @@ def encode_labels(y):
 def count_labels(y):
     """``np.unique(y).size``, by the same bincount as :func:`encode_labels`
     where it takes one."""
-    found = _label_presence(y)
+    found = _label_presence(y, codes=False)
     return np.unique(y).size if found is None else int(np.count_nonzero(found[1]))
 
 

@@ -23,7 +23,7 @@ from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
 from ._state import FitProgress
-from ._validation import host_reduce
+from ._validation import holds_zero, host_reduce
 from ._warn import warn
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
@@ -212,7 +212,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough
         _warn_max_iter(results, schedule.tol, schedule.max_iter,
-                       early_stopping_advice=advise_early_stopping and va is None
+                       early_stopping_advice=lambda: advise_early_stopping and va is None
                        and _early_stopping_possible(X.shape[0], schedule.holdout_fraction,
                                                     stratify),
                        chosen_at_max_iter=not advise_early_stopping and va is None)
@@ -427,8 +427,10 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
     stopping rule was active (``tol`` not None) and a head ran all
     ``max_iter`` epochs without it being met.
 
-    ``early_stopping_advice``: the rule watched the training loss (no
-    validation split) where early stopping is available.  A training loss
+    ``early_stopping_advice``: true when the rule watched the training loss
+    (no validation split) where early stopping is available; a bool, or a
+    callable that gives it, asked only when the warning is given (it may
+    count the classes: a pass over the labels).  A training loss
     still falling after ``max_iter`` epochs is as often a model fitting its
     training rows ever closer (an FM on a few thousand rows) as one short of
     its optimum: the warning then names early stopping first, since more
@@ -452,7 +454,8 @@ def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,
                 "held-out rows for this max_iter, and more epochs fit the training "
                 "rows closer, which need not predict better. Set tol=None to run "
                 "max_iter epochs without this warning.")
-        elif early_stopping_advice:
+        elif early_stopping_advice() if callable(early_stopping_advice) \
+                else early_stopping_advice:
             advice = (
                 f"{lead}: set early_stopping=True to "
                 "stop on the loss of a held-out part of the data (and keep its "
@@ -501,7 +504,7 @@ def _stored_zero_rows(X, backend):
         none = int(xp.count_nonzero(X.data)) == int(X.nnz)
     else:
         xp = np
-        none = host_reduce(np.count_nonzero, np.asarray(X.data).reshape(-1), sum) == X.nnz
+        none = not host_reduce(holds_zero, np.asarray(X.data).reshape(-1), any)
     if none:
         return xp, None
     return xp, xp.searchsorted(X.indptr, xp.flatnonzero(X.data == 0), side="right") - 1

@@ -105,11 +105,13 @@ def host_reduce(func, a, combine):
 
 def _flat_values(X):
     """The values of ``X`` (a scipy sparse matrix's ``data``, or a numpy
-    array) as one contiguous float32 or float64 array, or None."""
+    array) as one contiguous float32 or float64 array, or None.  A
+    Fortran-ordered array is read in its memory order (a view); another
+    layout is copied (the range check must see every value)."""
     a = getattr(X, "data", X) if hasattr(X, "format") else X
     if not isinstance(a, np.ndarray) or a.dtype not in (np.float32, np.float64):
         return None
-    return a.reshape(-1) if a.flags.c_contiguous else None
+    return a.ravel(order="K")
 
 
 def scan_values(X):
@@ -146,7 +148,10 @@ _MAGNITUDE_BLOCK = 1 << 16
 def largest_beyond_float32(X):
     """The largest magnitude among the values of a float64 ``X`` (a scipy
     sparse matrix's ``data``, or a numpy array) when it is beyond float32's
-    range, else None (float32 and other dtypes are within it)."""
+    range, else None (float32 and other dtypes are within it: not scanned)."""
+    a = _flat_values(X)
+    if a is None or a.dtype != np.float64:
+        return None
     top = scan_values(X)[1]
     return top if top is not None and top > F32_MAX else None
 
@@ -188,6 +193,22 @@ def float32_range_message(top, what="X"):
         advice = "Rescale y (e.g. divide it by a constant, and the predictions back)."
     return (f"Input {what} contains a value of magnitude {top:.3g}, beyond the range of "
             f"float32 (up to {F32_MAX:.3g}), in which the model is computed. {advice}")
+
+
+def holds_zero(a):
+    """Whether the 1-D array ``a`` holds a value equal to 0, compared a
+    cached block at a time (a piece for :func:`host_reduce` with ``any``:
+    ``np.count_nonzero`` holds the GIL, the comparison does not)."""
+    flags = np.empty(min(int(a.shape[0]), _ZERO_BLOCK), dtype=bool)
+    for i in range(0, a.shape[0], _ZERO_BLOCK):
+        block = a[i : i + _ZERO_BLOCK]
+        if np.equal(block, 0, out=flags[: block.shape[0]]).any():
+            return True
+    return False
+
+
+#: values of a piece compared with 0 at a time (their flags stay in cache)
+_ZERO_BLOCK = 1 << 18
 
 
 def _finite_sum(a):

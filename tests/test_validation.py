@@ -75,7 +75,11 @@ def test_X_beyond_float32_is_refused(name, data, value, monkeypatch):
     msg = r"Input X contains a value of magnitude \S+, beyond the range of float32"
     fitted = ESTIMATORS[name]().fit(X, y)
     monkeypatch.setattr(_cpu, "run_epoch", None)  # no training step may run
-    for Xb in (big, big.toarray()):
+    dense = big.toarray()
+    # every memory order of a dense array: C, Fortran, and a strided view
+    strided = np.zeros((dense.shape[0], 2 * dense.shape[1]))[:, ::2]
+    strided[...] = dense
+    for Xb in (big, dense, np.asfortranarray(dense), strided):
         with pytest.raises(ValueError, match=msg):
             ESTIMATORS[name]().fit(Xb, y)
         with pytest.raises(ValueError, match=msg):
@@ -785,11 +789,17 @@ def test_host_passes_in_pieces_equal_one_pass(monkeypatch):
                 Y = X.copy()
                 Y.data[where] = bad
                 assert not v.surely_finite(Y) and not v.surely_finite(Y.toarray())
-    # not sure: a sum that overflows, other dtypes, non-contiguous arrays
+    # arrays in any memory order are scanned (Fortran order in place, others
+    # copied), so a bad value anywhere is seen
+    for view in (lambda a: a[:, ::2], np.asfortranarray):
+        a = np.ones((10, 10))
+        assert v.surely_finite(view(a))
+        a[3, 4] = np.nan
+        assert not v.surely_finite(view(a))
+    # not sure: a sum that overflows, other dtypes
     big = np.full(100, np.finfo(np.float32).max, dtype=np.float32)
     assert not v.surely_finite(big)
     assert not v.surely_finite(np.ones(100, dtype=np.float16))
-    assert not v.surely_finite(np.ones((10, 10))[:, ::2])
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -852,3 +862,26 @@ def test_finiteness_pre_check_warns_nothing(monkeypatch):
         assert not v.surely_finite(big) and not v.surely_finite(both)
         X = sp.csr_matrix(np.c_[np.full(40, 3e38), np.ones(40)].astype(np.float32))
         GPULogisticRegression(device="cpu", max_iter=2, tol=None).fit(X, np.arange(40) % 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_holds_zero_finds_every_zero(dtype, monkeypatch):
+    """The stored-zero scan (a piece function of ``host_reduce``, compared a
+    block at a time) against ``np.any(a == 0)``: a zero in the first, a
+    middle and the last block, a negative zero, none (NaN is not one), an
+    empty array; on one thread and on several."""
+    from sklearn_cuwide import _validation
+
+    monkeypatch.setattr(_validation, "_ZERO_BLOCK", 7)
+    monkeypatch.setattr(_validation, "PARALLEL_MIN_ITEMS", 16)
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.5, 2.0, size=101).astype(dtype)
+    cases = [base, np.array([], dtype=dtype), np.where(base > 1.5, np.nan, base)]
+    for where, value in [(0, 0.0), (50, 0.0), (100, 0.0), (63, -0.0)]:
+        a = base.copy()
+        a[where] = value
+        cases.append(a)
+    for a in cases:
+        expected = bool(np.any(a == 0))
+        assert _validation.holds_zero(a) is expected
+        assert _validation.host_reduce(_validation.holds_zero, a, any) is expected
