@@ -145,6 +145,10 @@ __global__ void cuwide_chunk_runs(const long long* __restrict__ key,
 
 // The kept entries (offset[i] - 1: their place after `start`) decoded into
 // the layout's arrays; tile_counts[2 (g - g0) + (feature >= n_hot)] counted.
+// The entries are sorted, so a warp's lanes mostly count the same tile: the
+// lanes of one tile add their number once (one atomic per tile and warp,
+// not per entry: same-address atomics serialise).  Whole warps iterate
+// (blockDim is a multiple of 32), so every lane takes part in the match.
 template <typename V>
 __global__ void cuwide_chunk_store(const long long* __restrict__ key,
                                    const long long* __restrict__ perm,
@@ -156,14 +160,21 @@ __global__ void cuwide_chunk_store(const long long* __restrict__ key,
                                    unsigned short* __restrict__ row, V* __restrict__ val,
                                    unsigned long long* __restrict__ tile_counts) {
   const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (!keep[i]) continue;
-    const long long k = key[perm[i]], o = start + offset[i] - 1;
-    const long long t = k / sample_block, f = t % n_features, g = t / n_features;
-    feat[o] = (int)f;
-    row[o] = (unsigned short)(k - t * sample_block);
-    val[o] = sum[i];
-    atomicAdd(&tile_counts[2 * (g - g0) + (f >= n_hot ? 1 : 0)], 1ULL);
+  const int lane = threadIdx.x & 31;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i - lane < n;
+       i += stride) {
+    long long tile = -1;
+    if (i < n && keep[i]) {
+      const long long k = key[perm[i]], o = start + offset[i] - 1;
+      const long long t = k / sample_block, f = t % n_features, g = t / n_features;
+      feat[o] = (int)f;
+      row[o] = (unsigned short)(k - t * sample_block);
+      val[o] = sum[i];
+      tile = 2 * (g - g0) + (f >= n_hot ? 1 : 0);
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, tile);
+    if (tile >= 0 && lane == __ffs(peers) - 1)
+      atomicAdd(&tile_counts[tile], (unsigned long long)__popc(peers));
   }
 }
 
