@@ -27,7 +27,7 @@ from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
     fit_heads,
-    logit_prior,
+    logit_prior_of,
     optimizer_arrays,
     restore_accumulators,
     validation_attrs,
@@ -615,9 +615,10 @@ def _intercept_prior(y_idx, sw, n_outputs):
     a class with no weight in the rows starts at the present classes' mean
     log-rate (:func:`logit_prior`'s rule: no rate, no prior; a
     ``partial_fit`` call's rows may lack a class)."""
+    # each class's weight in one pass (binary: the negatives' and the positives')
+    w = np.bincount(y_idx, weights=sw, minlength=max(n_outputs, 2))
     if n_outputs == 1:
-        return logit_prior((y_idx == 1).astype(np.float64), sw)
-    w = np.bincount(y_idx, weights=sw, minlength=n_outputs)
+        return logit_prior_of(float(w[1]), float(w[0]))
     present = w > 0
     lp = np.zeros(n_outputs)
     lp[present] = np.log(np.clip(w[present] / w.sum(), 1e-6, None))

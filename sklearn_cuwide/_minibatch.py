@@ -28,7 +28,8 @@ from ._warn import warn
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
            "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
-           "optimizer_arrays", "restore_accumulators", "logit_prior", "COMPUTE_DTYPE",
+           "optimizer_arrays", "restore_accumulators", "logit_prior", "logit_prior_of",
+           "COMPUTE_DTYPE",
            "fm_penalties", "penalty_is_scaled", "AUTO_ALPHA", "AUTO_BETA"]
 
 #: the dtype of the model state and of the training layout's values, and of
@@ -543,7 +544,11 @@ def logit_prior(y01, sw):
     intercept started at the clip (-13.8) takes Adagrad's decaying steps
     many chunks to leave."""
     y01 = np.asarray(y01, dtype=np.float64)
-    pos, neg = float(np.dot(sw, y01)), float(np.dot(sw, 1.0 - y01))
+    return logit_prior_of(float(np.dot(sw, y01)), float(np.dot(sw, 1.0 - y01)))
+
+
+def logit_prior_of(pos, neg):
+    """:func:`logit_prior` of the positive and negative rows' weight sums."""
     if not (pos > 0 and neg > 0):  # exact: a rate from one sum would round near 1
         return 0.0
     p = min(max(pos / (pos + neg), 1e-6), 1 - 1e-6)

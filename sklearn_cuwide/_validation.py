@@ -152,8 +152,8 @@ def largest_beyond_float32(X):
     a = _flat_values(X)
     if a is None or a.dtype != np.float64:
         return None
-    top = scan_values(X)[1]
-    return top if top is not None and top > F32_MAX else None
+    top = host_reduce(_largest_magnitude, a, _nan_max) if a.size else 0.0
+    return top if top > F32_MAX else None
 
 
 def _largest_magnitude(a):
