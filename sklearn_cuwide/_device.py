@@ -66,14 +66,22 @@ def _device_of(X):
 
 def _why_no_cuda():
     try:
-        import cupy  # noqa: F401
+        from cupy.cuda import runtime
     except Exception as exc:
         return (
             "cupy is not installed or failed to import "
-            f"({type(exc).__name__}: {exc}); install sklearn-cuwide[cuda12] or "
-            "sklearn-cuwide[cuda13]"
+            f"({type(exc).__name__}: {exc}); install the cupy of your CUDA "
+            "version (pip install cupy-cuda12x or cupy-cuda13x; from a checkout "
+            "of sklearn-cuwide, its extras: pip install '.[cuda12]' or '.[cuda13]')"
         )
-    return "cupy found no CUDA device of compute capability 7.0 or newer"
+    try:
+        n = runtime.getDeviceCount()
+    except Exception as exc:  # no driver, or no device it can see
+        return f"cupy finds no CUDA device ({type(exc).__name__}: {exc})"
+    if n == 0:
+        return "cupy finds no CUDA device"
+    return (f"cupy finds {n} CUDA device(s), none of compute capability 7.0 or "
+            "newer, which the kernels need")
 
 
 def is_cupy_array(X):

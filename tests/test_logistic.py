@@ -469,3 +469,42 @@ def test_cpu_lbfgs_on_dense_input_keeps_it_dense_and_fits_the_csr_model(n_classe
     # predictions of dense input: the CSR input's, to float64 rounding
     np.testing.assert_allclose(dense.predict_proba(X), dense.predict_proba(sp.csr_matrix(X)),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("count, said", [
+    (None, r"pip install cupy-cuda12x or cupy-cuda13x"),  # cupy not importable
+    (RuntimeError("no driver"), r"cupy finds no CUDA device \(RuntimeError: no driver\)"),
+    (0, r"cupy finds no CUDA device\. Use"),
+    (2, r"cupy finds 2 CUDA device\(s\), none of compute capability 7\.0 or newer"),
+])
+def test_no_gpu_error_says_why(monkeypatch, count, said):
+    """device="cuda" without a usable GPU names the reason: cupy missing
+    (with the pip command that installs it), no device, or only old ones."""
+    import sys
+    import types
+
+    from sklearn_cuwide import _device
+
+    if count is None:
+        monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
+    else:
+        def device_count():
+            if isinstance(count, Exception):
+                raise count
+            return count
+
+        runtime = types.SimpleNamespace(
+            getDeviceCount=device_count,
+            getDeviceProperties=lambda i: {"major": 6, "minor": 1})
+        cuda = types.ModuleType("cupy.cuda")
+        cuda.runtime = runtime
+        cupy = types.ModuleType("cupy")
+        cupy.cuda = cuda
+        monkeypatch.setitem(sys.modules, "cupy", cupy)
+        monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    _device._usable_devices.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=said):
+            _device.resolve_device("cuda")
+    finally:
+        _device._usable_devices.cache_clear()
