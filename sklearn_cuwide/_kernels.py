@@ -32,9 +32,10 @@ from ._backends import _concurrency
 
 __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
-    "get_module_kernels", "memoised_module", "prefetch", "train_instantiation", "launch_plan", "epoch_instantiations",
-    "predict_instantiation", "build_instantiations", "factors_instantiation",
-    "loss_instantiation", "lbfgs_instantiations", "lbfgs_memory_instantiation", "classic_instantiation",
+    "get_module_kernels", "memoised_module", "prefetch", "train_instantiation",
+    "launch_plan", "epoch_instantiations", "predict_instantiation", "build_instantiations",
+    "factors_instantiation", "loss_instantiation", "lbfgs_instantiations",
+    "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
 ]
 

@@ -124,7 +124,7 @@ def scan_values(X):
     if a is None:
         return False, None
     if a.dtype == np.float64:
-        top = host_reduce(_largest_magnitude, a, _nan_max) if a.size else 0.0
+        top = _top(a)
         return bool(np.isfinite(top)), top
     return bool(host_reduce(_finite_sum, a, all)), None
 
@@ -152,8 +152,14 @@ def largest_beyond_float32(X):
     a = _flat_values(X)
     if a is None or a.dtype != np.float64:
         return None
-    top = host_reduce(_largest_magnitude, a, _nan_max) if a.size else 0.0
+    top = _top(a)
     return top if top > F32_MAX else None
+
+
+def _top(a):
+    """The largest ``|a|`` of a flat float64 array (NaN when it holds one),
+    on the host's threads; 0 when empty."""
+    return host_reduce(_largest_magnitude, a, _nan_max) if a.size else 0.0
 
 
 def _largest_magnitude(a):
