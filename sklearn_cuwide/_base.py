@@ -399,6 +399,28 @@ def _decision_values_out_of_core(backend, X, heads, model_rows, *, fit_linear=Tr
     return cols[0] if len(cols) == 1 else np.hstack(cols)
 
 
+def _device_bytes(arrays):
+    """Bytes held on a device by nested lists, tuples and dicts of arrays:
+    all of a non-numpy array's (a cupy array; a ``DeviceArray`` counts
+    until it is read back), none of numpy's or None."""
+    if arrays is None or isinstance(arrays, np.ndarray):
+        return 0
+    if isinstance(arrays, dict):
+        arrays = list(arrays.values())
+    if isinstance(arrays, (list, tuple)):
+        return sum(_device_bytes(a) for a in arrays)
+    return int(arrays.nbytes)
+
+
+def _read_back(saved):
+    """Optimizer sums (a dict of arrays, or a list of them) as numpy."""
+    if saved is None:
+        return None
+    if isinstance(saved, dict):
+        return {k: None if a is None else np.asarray(a) for k, a in saved.items()}
+    return [_read_back(s) for s in saved]
+
+
 def _heads_to_device(backend, heads):
     return [
         (
@@ -599,31 +621,51 @@ class _CuWideEstimator(BaseEstimator):
         """The public fitted arrays the heads are made of."""
         raise NotImplementedError
 
-    def _set_gpu_cache(self, backend):
+    def _device_heads(self, results, backend):
+        """The fit's own device arrays as ``_heads()`` (equal to the public
+        fitted arrays), from its :class:`~sklearn_cuwide._minibatch.HeadResult`
+        list; None where a result has none (a CPU, L-BFGS or out-of-core
+        fit).  The intercepts are the public ones, copied (a few numbers)."""
+        return None
+
+    def _set_gpu_cache(self, backend, results=None):
         """After a fit: keep the fitted arrays where the backend computes
-        (on the CPU, the arrays themselves).
+        (on the CPU, the arrays themselves); ``results``: the fit's heads,
+        whose device arrays (:meth:`_device_heads`) are kept rather than
+        copied back.
 
         The cache is used while the public fitted arrays are the very
         objects it was made from (assigning a new ``coef_`` drops it) and
         the prediction runs on the backend that made it.  A model larger
         than the device budget under ``device_memory_limit`` (one a fit
         trained out of core) is not cached: each prediction plans its own
-        memory, as for a model that never was on the device.
+        memory, as for a model that never was on the device.  Adagrad's sums
+        a GPU fit left on the device stay there with the cache when both fit
+        the budget, else they are read back first.
         """
         self.__dict__.pop("_gpu_cache", None)
         heads = self._heads()
-        budget = _available(backend)[0].get("device")
-        if budget is not None:
+        sums = _device_bytes(getattr(self, "_optimizer_state", None))
+        free_total = backend.device_memory()
+        if free_total is not None:
+            # the budget as if the fit's arrays still held there were freed
+            held = sums + _device_bytes([r.device_model for r in results or ()])
+            budget = _memory.device_budget(get_config()["device_memory_limit"],
+                                           free_total[0] + held, free_total[1])[0]
             need = sum(int(a.nbytes) for head in heads for a in head if a is not None)
+            if sums and need + sums > budget:
+                self._optimizer_state = _read_back(self._optimizer_state)
             if need > budget:
                 return
             # the fit's freed blocks go back first: under a limit the device
             # would hold them besides the model copied in
             backend.release_cached()
+        device_heads = None if results is None else self._device_heads(results, backend)
         self._gpu_cache = {
             "backend": backend,
             "src": self._public_arrays(),
-            "heads": _heads_to_device(backend, heads),
+            "heads": (device_heads if device_heads is not None
+                      else _heads_to_device(backend, heads)),
         }
 
     def _valid_gpu_cache(self, backend):

@@ -530,7 +530,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
                                   partial=False, progress=_choice_part(progress, m),
                                   multiplier=m,
                                   random_state=fit_seed)
-            return res[0].state
+            # the model alone: nothing held on the device while the next fits run
+            return replace(res[0].state, gw=None, gV=None, gb=None)
 
         def decision(Xs, st):
             Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
@@ -553,6 +554,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
                                   partial=False, progress=_choice_part(progress, m),
                                   multiplier=m,
                                   chosen=m, random_state=fit_seed)
+            if m != PENALTY_MULTIPLIERS[-1]:  # it may be held while the next fits run
+                res = [r.on_host() for r in res]
             r = res[0]
             kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
             return res, r.validation_curve[kept - 1], f"at epoch {kept} of {r.n_iter}"
@@ -607,7 +610,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             commit(self, {"classes_": classes, "device_": device_,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False)})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -659,7 +662,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             )
             commit(self, {"device_": device_, "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=True)})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -674,6 +677,13 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             (self.coef_[k][:, None], self.intercept_[k : k + 1], self.factors_[k])
             for k in range(self.coef_.shape[0])
         ]
+
+    def _device_heads(self, results, backend):
+        models = [r.device_model for r in results]
+        if any(m is None for m in models):
+            return None
+        return [(w, backend.to_device(self.intercept_[k : k + 1]), V)
+                for k, (w, _, V) in enumerate(models)]
 
 
     @staticmethod
@@ -833,7 +843,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                           "penalty_multiplier_": 1.0,
                           **self._fitted_attrs(results, partial=False,
                                                target_scaling=scaling)})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -880,7 +890,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                           "penalty_multiplier_": 1.0,
                           **self._fitted_attrs(results, partial=True,
                                                target_scaling=scaling)})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -944,6 +954,17 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     def _heads(self):
         return [(self.coef_[:, None], self.intercept_, self.factors_)]
 
+    def _device_heads(self, results, backend):
+        (model,) = [r.device_model for r in results]
+        if model is None:
+            return None
+        # in place: the fit's own arrays, in the user's units as _in_user_units makes them
+        w, _, V = model
+        scale = self._stored_target_scaling()[1]
+        w *= COMPUTE_DTYPE(scale)
+        V *= COMPUTE_DTYPE(np.sqrt(scale))
+        return [(w, backend.to_device(self.intercept_), V)]
+
     def predict(self, X):
         """Predicted targets.
 
@@ -1001,9 +1022,9 @@ def _in_user_units(w, b, V, scaling):
     (the compute dtype): ``w * scale``, ``b * scale + offset``, ``V *
     sqrt(scale)``; numpy or cupy arrays."""
     offset, scale = scaling
-    return ((w * scale).astype(COMPUTE_DTYPE, copy=False),
+    return ((w * COMPUTE_DTYPE(scale)).astype(COMPUTE_DTYPE, copy=False),
             (b.astype(np.float64) * scale + offset).astype(COMPUTE_DTYPE),
-            (V * float(np.sqrt(scale))).astype(COMPUTE_DTYPE, copy=False))
+            (V * COMPUTE_DTYPE(np.sqrt(scale))).astype(COMPUTE_DTYPE, copy=False))
 
 
 def _standardise(y, scaling):

@@ -396,11 +396,13 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             if self.solver == "lbfgs":
                 fitted = self._lbfgs_attrs(X, y_idx, sw, C, backend, warm, classes,
                                            progress)
+                results = None
             else:
-                fitted = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
-                                               classes, partial=False, progress=progress)
+                fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend,
+                                                        warm, classes, partial=False,
+                                                        progress=progress)
             commit(self, {"classes_": classes, "device_": device_, **fitted})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -484,10 +486,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             sw = self._weights(classes, y, sw)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes, force=True)
-            fitted = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
-                                           classes, partial=True, progress=progress)
+            fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                                    classes, partial=True, progress=progress)
             commit(self, {"device_": device_, **fitted})
-            self._set_gpu_cache(backend)
+            self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
 
@@ -538,7 +540,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
                          partial, progress=None):
-        """The fitted attributes of a mini-batch fit (a dict; nothing is set)."""
+        """``(fitted, results)``: the fitted attributes of a mini-batch fit (a
+        dict; nothing is set) and its :class:`~sklearn_cuwide._minibatch.HeadResult` list."""
         n_features = X.shape[1]
         D = 1 if classes.size == 2 else classes.size
         loss = "logistic" if D == 1 else "multinomial"
@@ -593,7 +596,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             fitted["n_iter_"] = np.array([res.n_iter], dtype=np.int32)
             fitted["loss_curve_"] = res.loss_curve
         fitted.update(validation_attrs([res]))
-        return fitted
+        return fitted, [res]
 
     # ------------------------------------------------------------------
     # predict
@@ -603,6 +606,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
     def _heads(self):
         return [(self.coef_.T, self.intercept_, None)]
+
+    def _device_heads(self, results, backend):
+        ((w, _, _),) = [r.device_model or (None,) * 3 for r in results]
+        return None if w is None else [(w, backend.to_device(self.intercept_), None)]
 
     @staticmethod
     def _multiclass_log_proba(Z):

@@ -10,7 +10,7 @@ training layout shared by the heads, the concurrency, and the solver
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,7 +22,7 @@ from ._backends import _concurrency
 from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
-from ._state import FitProgress
+from ._state import FitProgress, ModelState
 from ._validation import holds_zero, host_reduce
 from ._warn import warn
 
@@ -81,13 +81,24 @@ class HeadResult:
     """One head's fitted state (numpy, user feature order), epochs and
     curves.  With early stopping the state is the best epoch's, number
     ``best_iteration`` (1-based) of the ``n_iter`` run; ``validation_curve``
-    holds each epoch's mean validation loss (empty without it)."""
+    holds each epoch's mean validation loss (empty without it).
+    ``device_model``: the fit's own ``(w, b, V)`` on the device, or None
+    (:func:`~sklearn_cuwide._solvers.fit_minibatch`); a GPU fit's state
+    leaves Adagrad's sums there too, until read."""
 
     state: object
     n_iter: int
     loss_curve: list
     validation_curve: list = None
     best_iteration: object = None
+    device_model: tuple = None
+
+    def on_host(self):
+        """This result with nothing left on the device (kept while other
+        fits run: their memory plans count their own arrays only)."""
+        state = ModelState(**{k: np.asarray(a) for k, a in self.state.arrays().items()},
+                           factor_init=self.state.factor_init)
+        return replace(self, state=state, device_model=None)
 
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
@@ -192,7 +203,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                                                            seed_init + k)
         prefix = "" if len(targets) == 1 else f"model {k + 1} of {len(targets)}, "
         progress.stage(f"{prefix}initial state")
-        out, n_iter, curve, vcurve = fit_minibatch(
+        out, n_iter, curve, vcurve, device_model = fit_minibatch(
             layout, t.astype(COMPUTE_DTYPE), sample_weight, state, params,
             backend=backend, max_iter=schedule.max_iter, tol=schedule.tol,
             n_iter_no_change=schedule.n_iter_no_change, shuffle=schedule.shuffle,
@@ -207,8 +218,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
             blown_up.append((prefix, curve[-1], base))
         if used is not None:  # the warm states are the fit's own copies
-            out = full[k].put_features(used, out)
-        results.append(HeadResult(out, n_iter, curve, vcurve, best))
+            out, device_model = full[k].put_features(used, out), None
+        results.append(HeadResult(out, n_iter, curve, vcurve, best, device_model))
     if blown_up:
         _warn_blown_up(blown_up, params)
     elif not partial:  # a blown-up fit's warning says enough

@@ -126,7 +126,7 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
         sw = est._weights(classes, y, sw)
         est.classes_ = classes
         commit(est, est._minibatch_attrs(X, y_idx, sw, C, l1_ratio, probe, None, classes,
-                                         partial=False))
+                                         partial=False)[0])
     else:
         if regressor:  # the target standardised, as the regressor's fit does
             scaling = est._fit_target_scaling(y, sw, continued=False)

@@ -309,7 +309,11 @@ def fit_minibatch(
 
     Returns
     -------
-    state (numpy, user order), n_iter, loss_curve, validation_curve
+    state (numpy, user order), n_iter, loss_curve, validation_curve, device_model
+        ``device_model``: the fitted ``(w, b, V)`` (user order) where the
+        backend holds them apart from the host (on a GPU, V None for logistic
+        regression), else None.  A GPU fit leaves Adagrad's sums ``gw`` and
+        ``gV`` of the state there too (``backend.get_state``'s ``lazy``).
     """
     progress = FitProgress(verbose) if progress is None else progress
     xp = backend.xp
@@ -427,6 +431,7 @@ def fit_minibatch(
             kept_best=restore_best))
     elif tol is not None and n_iter < int(max_iter):
         progress.note(training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol))
+    device_model = None
     if ooc is not None:  # the host state (layout order), resident rows copied back
         out = (best_state if restored else ooc.state()).permute_features(
             host_array(layout.feature_rank))
@@ -437,9 +442,12 @@ def fit_minibatch(
         out = dstate.take_features(backend.to_device(layout.feature_rank), xp)
         del dstate
         check_finite_state(out, n_iter, params, xp)
-        out = backend.get_state(out)
+        if backend.holds(out.w):  # the device's copy serves the predictions
+            device_model = (out.w, out.b, out.V)
+        # the sums are read only to continue or pickle the model
+        out = backend.get_state(out, lazy=("gw", "gV"))
     progress.stage(f"{log_prefix}model back")
-    return out, n_iter, loss_curve, val_curve
+    return out, n_iter, loss_curve, val_curve, device_model
 
 
 def training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol):

@@ -487,7 +487,7 @@ def test_fit_on_a_device_module_gathers_there_and_fits_the_same_model():
         outs.append(fit_minibatch(L, y, sw, st, params, backend=backend, max_iter=3,
                                   random_state=1, workers=1))
     assert (L.n_rows,) in moved  # the row order went to the device
-    (a, na, ca, _), (b, nb, cb, _) = outs
+    (a, na, ca, *_), (b, nb, cb, *_) = outs
     assert na == nb
     np.testing.assert_allclose(cb, ca, rtol=1e-12)
     for k in ("w", "b", "V", "gw", "gV"):

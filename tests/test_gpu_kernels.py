@@ -441,7 +441,7 @@ def test_layout_from_device_tiles_full_fit(cuda):
         sb, nh = be.tile_shape(params, 1, 8, 512)
         L = build_layout(X, batch_size=512, sample_block=sb, n_hot_max=nh, shuffle=True, random_state=0)
         st = ModelState.zeros(X.shape[1], 1, 8, adagrad=True, init_scale=0.01, random_state=0)
-        st, n_iter, curve, _ = fit_minibatch(
+        st, n_iter, curve, *_ = fit_minibatch(
             L, y, sw, st, params, backend=be, max_iter=3, shuffle=True, random_state=0,
             workers=1,
         )

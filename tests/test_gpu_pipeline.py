@@ -218,6 +218,73 @@ def test_gpu_scipy_and_cupyx_input_give_the_same_model(make, monkeypatch):
                                        rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+def _regressor(**kw):
+    from sklearn_cuwide import GPUFactorizationMachineRegressor
+
+    return GPUFactorizationMachineRegressor(**kw)
+
+
+@pytest.mark.parametrize("make, n_classes", [
+    (lambda: GPULogisticRegression(solver="adagrad", max_iter=2, concurrency=1,
+                                   random_state=0, device="cuda"), 2),
+    (lambda: GPULogisticRegression(solver="adagrad", max_iter=2, concurrency=1,
+                                   random_state=0, device="cuda"), 3),
+    (lambda: GPUFactorizationMachine(n_factors=8, max_iter=2, concurrency=1,
+                                     random_state=0, device="cuda"), 2),
+    (lambda: GPUFactorizationMachine(n_factors=8, max_iter=2, concurrency=1,
+                                     random_state=0, device="cuda"), 3),
+    (lambda: _regressor(n_factors=8, max_iter=2, concurrency=1, random_state=0,
+                        device="cuda"), 0),
+], ids=["lr", "lr-3", "fm", "fm-3", "fm-regressor"])
+def test_gpu_fit_keeps_its_device_model_as_the_cache_and_its_sums_there(make, n_classes):
+    """A GPU fit's prediction cache is the fit's own device model, equal bit
+    for bit to the public fitted arrays (the regressor's in the user's
+    units); Adagrad's sums stay on the device until read, pickle as the
+    numpy arrays of their values, and a warm start continues from them as
+    from those numpy copies."""
+    import pickle
+
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cuda
+
+    X, y = _data(n=6000, d=800)
+    if n_classes == 3:
+        y = y + (np.arange(y.size) % 3 == 0)
+    elif n_classes == 0:  # a target of mean 5 and scale 3: the units differ
+        y = 5.0 + 3.0 * (X @ np.random.default_rng(1).normal(size=X.shape[1]))
+    est = make().fit(X, y)
+    heads = est._valid_gpu_cache(_cuda)
+    assert heads is not None
+    for dev, host in zip(heads, est._heads()):
+        for d, h in zip(dev, host):
+            assert (d is None) == (h is None)
+            if h is not None:
+                assert isinstance(d, cp.ndarray)
+                np.testing.assert_array_equal(cp.asnumpy(d), np.ascontiguousarray(h))
+    saved = est._optimizer_state
+    saved = [saved] if isinstance(saved, dict) else saved
+    held = [(a, cp.asnumpy(a._device)) for s in saved for a in s.values()
+            if a is not None and not isinstance(a, np.ndarray)]
+    assert held  # gw and gV (the intercepts' few sums come back at once)
+    loaded = pickle.loads(pickle.dumps(est))
+    got = loaded._optimizer_state
+    got = [got] if isinstance(got, dict) else got
+    flat = [a for s in got for a in s.values() if a is not None]
+    assert all(isinstance(a, np.ndarray) for a in flat)
+    for a, values in held:
+        assert a.nbytes == 0  # read back once, the device copy dropped
+        np.testing.assert_array_equal(np.asarray(a), values)
+    # continued from the sums on the device, and from their numpy copies
+    fresh = make().fit(X, y)
+    loaded.set_params(warm_start=True, max_iter=1).fit(X, y)
+    fresh.set_params(warm_start=True, max_iter=1).fit(X, y)
+    for name in ("coef_", "intercept_", "factors_"):
+        if hasattr(fresh, name):
+            np.testing.assert_allclose(getattr(fresh, name), getattr(loaded, name),
+                                       rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("where", ["layout", "epoch"])
 @pytest.mark.parametrize("source", ["scipy", "cupyx"])
 def test_gpu_interrupted_fit_frees_its_device_memory(where, source, monkeypatch):

@@ -672,6 +672,85 @@ def test_a_model_wider_than_the_device_budget_is_not_cached_there():
     assert est._valid_gpu_cache(_cpu) is not None
 
 
+class _Held:
+    """A stand-in device array: its bytes count as held on the device until
+    read back (``np.asarray``), as ``_cuda._runtime.DeviceArray``'s do."""
+
+    def __init__(self, a):
+        self.a, self.read = a, False
+
+    @property
+    def nbytes(self):
+        return 0 if self.read else self.a.nbytes
+
+    def __array__(self, dtype=None, copy=None):
+        self.read = True
+        return self.a
+
+
+def test_the_fits_device_arrays_become_the_cache_and_its_sums_stay_when_they_fit():
+    """A GPU fit's own device model becomes the prediction cache (only the
+    intercepts copied), and Adagrad's sums it left on the device stay there
+    when model and sums fit the budget, the budget counting what they hold
+    as free; the sums are read back when only the model fits, and both when
+    neither does.  (A stand-in device backend.)"""
+    import types
+
+    import scipy.sparse as sp
+
+    from sklearn_cuwide import GPUFactorizationMachine, config_context
+    from sklearn_cuwide._minibatch import HeadResult
+
+    X = sp.random(200, 50, density=0.2, format="csr", random_state=0)
+    y = np.arange(200) % 2
+    est = GPUFactorizationMachine(n_factors=4, max_iter=2, device="cpu").fit(X, y)
+    (w, b, V), = est._heads()
+    dev_w, dev_V = _Held(w.copy()), _Held(V.copy())
+    model = dev_w.nbytes + b.nbytes + dev_V.nbytes
+    uploads = []
+    free = 10**9
+    dev = types.SimpleNamespace(
+        name="stand-in", device_memory=lambda: (free, 2 * 10**9),
+        to_device=lambda a: uploads.append(a.nbytes) or a,
+        release_cached=lambda: None)
+    results = [HeadResult(None, 2, [], device_model=(dev_w, None, dev_V))]
+
+    def fitted(limit):
+        uploads.clear()
+        dev_w.read = dev_V.read = False
+        sums = {"gw": _Held(np.ones_like(w)), "gV": _Held(np.ones_like(V)), "gb": None}
+        est._optimizer_state = [sums]
+        with config_context(device_memory_limit=limit):
+            est._set_gpu_cache(dev, results)
+        return sums
+
+    def least(need):
+        return next(lim for lim in range(need, 2 * need)
+                    if _memory.device_budget(lim, *dev.device_memory())[0] >= need)
+
+    sums = fitted(least(model + w.nbytes + V.nbytes))
+    heads = est._valid_gpu_cache(dev)
+    assert heads[0][0] is dev_w and heads[0][2] is dev_V and uploads == [b.nbytes]
+    assert est._optimizer_state[0] is sums and sums["gV"].nbytes == V.nbytes
+    # the budget counts the fit's held arrays as free: they all stay where
+    # the free memory alone would not hold them (without a limit, a share
+    # of the free memory is the budget)
+    held = 2 * (w.nbytes + V.nbytes)
+    free = -(-(held + b.nbytes) * 10**6 // int(_memory.DEFAULT_FREE_FRACTION * 10**6)) - held
+    assert _memory.device_budget(None, free, 2 * 10**9)[0] < held + b.nbytes
+    sums = fitted(None)
+    assert est._valid_gpu_cache(dev)[0][0] is dev_w and est._optimizer_state[0] is sums
+    free = 10**9
+    sums = fitted(least(model + w.nbytes + V.nbytes) - 1)  # the model alone fits
+    assert est._valid_gpu_cache(dev)[0][0] is dev_w
+    saved = est._optimizer_state[0]
+    assert isinstance(saved["gV"], np.ndarray) and sums["gV"].read and saved["gb"] is None
+    np.testing.assert_array_equal(saved["gV"], np.ones_like(V))
+    sums = fitted(least(model) - 1)  # nothing fits: no cache, the sums read back
+    assert "_gpu_cache" not in est.__dict__ and uploads == []
+    assert isinstance(est._optimizer_state[0]["gw"], np.ndarray)
+
+
 def test_out_of_core_host_bookkeeping_bounds_what_it_takes_measured():
     """The host part of an out-of-core fit's bookkeeping, traced (numpy
     registers its allocations with tracemalloc): the cold sets found, the

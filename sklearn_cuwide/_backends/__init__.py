@@ -99,8 +99,10 @@ class Backend(Protocol):
     def put_state(self, state):
         """A model state on the backend."""
 
-    def get_state(self, state):
-        """A backend model state as numpy."""
+    def get_state(self, state, lazy=()):
+        """A backend model state as numpy; the arrays named in ``lazy`` may
+        stay where they are, as objects that become numpy arrays when
+        converted (``np.asarray``) or pickled."""
 
     def run_epoch(self, layout, y, sw, batch_weight, state, params, batch_order, *,
                   workers=None, ramp=0, ramp_done=0) -> float:

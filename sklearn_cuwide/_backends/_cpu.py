@@ -128,7 +128,7 @@ def put_state(state):
     return state
 
 
-def get_state(state):
+def get_state(state, lazy=()):
     return state
 
 

@@ -293,11 +293,63 @@ def put_state(state):
     return out
 
 
-def get_state(state):
+def get_state(state, lazy=()):
     """A device state as numpy, its large arrays through page-locked memory
-    (:func:`._upload.download`)."""
+    (:func:`._upload.download`); the arrays named in ``lazy`` stay on the
+    device as :class:`DeviceArray`, read back when the host first needs them."""
     out = ModelState(w=None, b=None)
     for k, a in state.arrays().items():
-        setattr(out, k, _upload.download(cp, a) if isinstance(a, cp.ndarray)
-                else np.asarray(a))
+        if not isinstance(a, cp.ndarray):
+            a = np.asarray(a)
+        elif k in lazy:
+            a = DeviceArray(a)
+        else:
+            a = _upload.download(cp, a)
+        setattr(out, k, a)
     return out
+
+
+class DeviceArray:
+    """A device array that stands for a numpy array until the host reads it.
+
+    Rule: numpy conversion (``np.asarray``, ``np.array``) and pickling read it
+    back once (the device copy is then dropped) and give a plain numpy array,
+    so an estimator holding one pickles as if it held numpy and loads where
+    no GPU is.  Why: a fit's Adagrad sums are read only to continue or pickle
+    the model, and their copy would otherwise lengthen every fit.
+    """
+
+    __slots__ = ("_device", "_host")
+
+    def __init__(self, a):
+        self._device, self._host = a, None
+
+    @property
+    def shape(self):
+        return (self._host if self._device is None else self._device).shape
+
+    @property
+    def dtype(self):
+        return (self._host if self._device is None else self._device).dtype
+
+    @property
+    def nbytes(self):
+        """Bytes held on the device (0 once read back)."""
+        return 0 if self._device is None else int(self._device.nbytes)
+
+    def get(self):
+        """The numpy array (read back on the first call)."""
+        if self._device is not None:
+            with self._device.device:
+                self._host = _upload.download(cp, self._device)
+            self._device = None
+        return self._host
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.get()
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
+    def __reduce__(self):
+        return self.get().__reduce__()
