@@ -10,6 +10,7 @@ training layout shared by the heads, the concurrency, and the solver
 """
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -158,7 +159,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                                    seed_split)
         # the held-out rows are copied; the training rows are laid out from
         # X where it is (build_layout's rows), never copied on their own
-        Xv, swv = _take_rows(X, va, backend), sample_weight[va]
+        Xv, swv = _held_out_rows(X, va, backend), sample_weight[va]
         sample_weight = sample_weight[tr]
         progress.stage("validation split")
     params = make_params(X, sample_weight, tr)
@@ -192,6 +193,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     model_rows = None if plan is None else plan.model_rows
     backend.release_cached()  # under a limit the build's freed blocks count against it
     progress.stage("layout")
+    if va is not None:
+        Xv = Xv.result()
     results, blown_up = [], []
     for k, t in enumerate(targets):
         t = np.asarray(t, dtype=np.float64)
@@ -520,6 +523,23 @@ def _stored_zero_rows(X, backend):
     if none:
         return xp, None
     return xp, xp.searchsorted(X.indptr, xp.flatnonzero(X.data == 0), side="right") - 1
+
+
+def _held_out_rows(X, rows, backend):
+    """A future of :func:`_take_rows`: a host matrix's rows gathered on a
+    thread of their own, a device matrix's at once.  Why: only the epochs
+    read them, and scipy's gather releases the GIL, so it runs while the
+    step parameters and the layout are made.  A thread per fit (not a
+    process-wide pool, whose thread a forked child would lack)."""
+    if _device.is_cupy_array(X):
+        done = Future()
+        done.set_result(_take_rows(X, rows, backend))
+        return done
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-held-out")
+    try:
+        return worker.submit(_take_rows, X, rows, backend)
+    finally:
+        worker.shutdown(wait=False)  # its thread ends with the gather
 
 
 def _take_rows(X, rows, backend):
