@@ -416,7 +416,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     >>> rng = np.random.default_rng(0)
     >>> X = sparse.random(200, 20, density=0.2, format="csr", random_state=0)
     >>> y = rng.integers(0, 2, size=200)
-    >>> fm = GPUFactorizationMachine(n_factors=4, max_iter=5, random_state=0,
+    >>> fm = GPUFactorizationMachine(n_factors=4, max_iter=5, tol=None, random_state=0,
     ...                              device="cpu").fit(X, y)
     >>> fm.factors_.shape
     (20, 4)
@@ -769,7 +769,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     >>> from sklearn_cuwide import GPUFactorizationMachineRegressor
     >>> X = sparse.random(200, 20, density=0.2, format="csr", random_state=0)
     >>> y = np.asarray(X.sum(axis=1)).ravel()
-    >>> fm = GPUFactorizationMachineRegressor(n_factors=4, max_iter=5,
+    >>> fm = GPUFactorizationMachineRegressor(n_factors=4, max_iter=5, tol=None,
     ...                                       random_state=0, device="cpu")
     >>> fm.fit(X, y).predict(X[:3]).shape
     (3,)

@@ -572,7 +572,8 @@ GPUFactorizationMachine.__doc__ = _DOC.format(
     summary="Factorization machine classifier on sparse data spread over a Dask "
             "cluster.",
     name="GPUFactorizationMachine", data="make_ctr_classification",
-    example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
+    example_params=("n_factors=4, learning_rate=0.02, max_iter=3,\n"
+                    "    ...     tol=None, random_state=0, "),
     solvers="Each epoch, every partition trains one epoch from the global model "
             "and the models are averaged, weighted by rows (or every "
             "``sync_every`` mini-batches).")
@@ -613,7 +614,8 @@ GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
     summary="Factorization machine regressor on sparse data spread over a Dask "
             "cluster.",
     name="GPUFactorizationMachineRegressor", data="make_ctr_regression",
-    example_params="n_factors=4, learning_rate=0.02, max_iter=3,\n    ...     random_state=0, ",
+    example_params=("n_factors=4, learning_rate=0.02, max_iter=3,\n"
+                    "    ...     tol=None, random_state=0, "),
     solvers="Each epoch, every partition trains one epoch from the global model "
             "and the models are averaged, weighted by rows (or every "
             "``sync_every`` mini-batches).")
