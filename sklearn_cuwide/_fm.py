@@ -64,7 +64,9 @@ _FM_PARAMS_DOC = """
         "auto" penalties by 1, 3, 10 or 30, the one with the least held-out
         log loss: on a fifth of its rows held out below 10,000 rows (then the
         fit of all rows), else on early stopping's validation split, the
-        best of the four fits kept (``penalty_multiplier_``).  A number:
+        best of the four fits kept (``penalty_multiplier_``); the regressor
+        likewise from 10,000 to 100,000 rows, by the squared error on early
+        stopping's split.  A number:
         the penalty per mini-batch, on the features the mini-batch contains
         (see ``scale_penalty``).
     beta : "auto" or float, default="auto"
@@ -295,6 +297,79 @@ class _BaseFM(_CuWideEstimator):
             partial=partial, advise_early_stopping=chosen is None,
         )
 
+    def _penalty_choice(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
+                        progress=None):
+        """``(multiplier, chosen, results)`` of both "auto" penalties for a
+        fit (``y_idx``: a classifier's class indices, None for the
+        regressor): a continued model's own; a fresh one's chosen by held-out loss
+        where :func:`~sklearn_cuwide._penalty_choice.penalty_choice_mode`
+        says how (then ``chosen`` is it, else None; a stage of
+        ``progress``); else 1.  ``results``: the chosen fit's heads when the
+        choice trained them on the fit's own rows (early stopping's split
+        scoring), else None (the fit is still to be made)."""
+        if warm:
+            return getattr(self, "penalty_multiplier_", 1.0), None, None
+        mode = None if partial else penalty_choice_mode(
+            self.alpha, self.beta, self.early_stopping, y_idx, len(targets), None,
+            n_samples=X.shape[0])
+        if mode is None:
+            return 1.0, None, None
+        if progress is not None:
+            what = ("each on four fifths of the rows, scored on the fifth left out, then "
+                    "the fit of all rows with the best" if mode == "held_out" else
+                    "scored on early stopping's validation split, the best kept")
+            ms = ", ".join(f"{m:g}" for m in PENALTY_MULTIPLIERS)
+            progress.note(f'Penalty choice: one fit per multiplier {ms} of the "auto" '
+                          f"penalties, {what} (alpha and beta set to numbers skip it)")
+        if mode == "held_out":
+            m, results = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress), None
+        else:
+            m, results = self._choose_penalty_by_validation(X, targets, sw, y_idx, backend,
+                                                            progress)
+        if progress is not None:
+            progress.stage(f"penalty choice (multiplier {m:g})")
+        return m, m, results
+
+    def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
+                            progress=None):
+        """``(multiplier, chosen)`` of :meth:`_penalty_choice`."""
+        m, chosen, _ = self._penalty_choice(X, targets, sw, y_idx, warm, backend,
+                                            partial=partial, progress=progress)
+        return m, chosen
+
+    def _choice_seeds(self):
+        """``(split_seed, fit_seed)``: the choice's fits share ``fit_seed``
+        (``random_state`` itself when it is an int), so that they differ by
+        their penalty alone."""
+        rs = self.random_state
+        if isinstance(rs, Integral):
+            return check_random_state(rs).randint(np.iinfo(np.int32).max), rs
+        gen = check_random_state(rs)
+        split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
+        return split_seed, fit_seed
+
+    def _choose_penalty_by_validation(self, X, targets, sw, y_idx, backend, progress=None):
+        """``(m, results)``: this estimator's fit of all rows at each
+        multiplier, with early stopping (one seed: the same split, layout and
+        epochs), the one whose kept epoch has the least validation loss
+        (:func:`~sklearn_cuwide._penalty_choice.choose_among_fits`)."""
+        _, fit_seed = self._choice_seeds()
+
+        def fit(m):
+            res = self._fit_heads(X, targets, sw, backend, None, stratify=y_idx,
+                                  partial=False, progress=_choice_part(progress, m),
+                                  multiplier=m,
+                                  chosen=m, random_state=fit_seed)
+            if m != PENALTY_MULTIPLIERS[-1]:  # it may be held while the next fits run
+                res = [r.on_host() for r in res]
+            r = res[0]
+            kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
+            return res, r.validation_curve[kept - 1], f"at epoch {kept} of {r.n_iter}"
+
+        with shared_draws():
+            m, results, _ = choose_among_fits(fit, progress)
+        return m, results
+
     def _store(self, results, *, partial):
         """Set the fitted attributes from the heads' results, at once (the
         benchmarks' hook, ``_profiling``, calls it)."""
@@ -468,55 +543,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
 
-    def _penalty_choice(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
-                        progress=None):
-        """``(multiplier, chosen, results)`` of both "auto" penalties for a
-        fit: a continued model's own; a fresh one's chosen by held-out loss
-        where :func:`~sklearn_cuwide._penalty_choice.penalty_choice_mode`
-        says how (then ``chosen`` is it, else None; a stage of
-        ``progress``); else 1.  ``results``: the chosen fit's heads when the
-        choice trained them on the fit's own rows (early stopping's split
-        scoring), else None (the fit is still to be made)."""
-        if warm:
-            return getattr(self, "penalty_multiplier_", 1.0), None, None
-        mode = None if partial else penalty_choice_mode(
-            self.alpha, self.beta, self.early_stopping, y_idx, len(targets), None)
-        if mode is None:
-            return 1.0, None, None
-        if progress is not None:
-            what = ("each on four fifths of the rows, scored on the fifth left out, then "
-                    "the fit of all rows with the best" if mode == "held_out" else
-                    "scored on early stopping's validation split, the best kept")
-            ms = ", ".join(f"{m:g}" for m in PENALTY_MULTIPLIERS)
-            progress.note(f'Penalty choice: one fit per multiplier {ms} of the "auto" '
-                          f"penalties, {what} (alpha and beta set to numbers skip it)")
-        if mode == "held_out":
-            m, results = self._choose_penalty(X, targets[0], sw, y_idx, backend, progress), None
-        else:
-            m, results = self._choose_penalty_by_validation(X, targets, sw, y_idx, backend,
-                                                            progress)
-        if progress is not None:
-            progress.stage(f"penalty choice (multiplier {m:g})")
-        return m, m, results
-
-    def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
-                            progress=None):
-        """``(multiplier, chosen)`` of :meth:`_penalty_choice`."""
-        m, chosen, _ = self._penalty_choice(X, targets, sw, y_idx, warm, backend,
-                                            partial=partial, progress=progress)
-        return m, chosen
-
-    def _choice_seeds(self):
-        """``(split_seed, fit_seed)``: the choice's fits share ``fit_seed``
-        (``random_state`` itself when it is an int), so that they differ by
-        their penalty alone."""
-        rs = self.random_state
-        if isinstance(rs, Integral):
-            return check_random_state(rs).randint(np.iinfo(np.int32).max), rs
-        gen = check_random_state(rs)
-        split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
-        return split_seed, fit_seed
-
     def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
         """The multiplier of both "auto" penalties for a small binary fit
         (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
@@ -541,28 +567,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
                                              sw, y_idx, split_seed, backend, progress)
         return m
-
-    def _choose_penalty_by_validation(self, X, targets, sw, y_idx, backend, progress=None):
-        """``(m, results)``: this estimator's fit of all rows at each
-        multiplier, with early stopping (one seed: the same split, layout and
-        epochs), the one whose kept epoch has the least validation loss
-        (:func:`~sklearn_cuwide._penalty_choice.choose_among_fits`)."""
-        _, fit_seed = self._choice_seeds()
-
-        def fit(m):
-            res = self._fit_heads(X, targets, sw, backend, None, stratify=y_idx,
-                                  partial=False, progress=_choice_part(progress, m),
-                                  multiplier=m,
-                                  chosen=m, random_state=fit_seed)
-            if m != PENALTY_MULTIPLIERS[-1]:  # it may be held while the next fits run
-                res = [r.on_host() for r in res]
-            r = res[0]
-            kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
-            return res, r.validation_curve[kept - 1], f"at epoch {kept} of {r.n_iter}"
-
-        with shared_draws():
-            m, results, _ = choose_among_fits(fit, progress)
-        return m, results
 
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
@@ -748,8 +752,11 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         With early stopping, the epoch whose model was kept (the one of
         least validation loss); None without it.
     penalty_multiplier_ : float
-        1: the regressor keeps its "auto" penalties as they are (the
-        classifier's small-data choice was studied on binary data only).
+        The factor both "auto" penalties were multiplied by: with ``alpha``,
+        ``beta`` and ``early_stopping`` all ``"auto"``, a fit of 10,000 to
+        100,000 rows fits all of them at each of 1, 3, 10 and 30 and keeps
+        the fit of least validation loss (its kept epoch's); otherwise 1.
+        ``warm_start`` and ``partial_fit`` keep the fitted model's.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int
@@ -835,12 +842,16 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             progress.stage("input checks")
             warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
             scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
-            results = self._fit_heads(
-                X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
-                partial=False, progress=progress,
-            )
+            targets = [_standardise(y, scaling)]
+            multiplier, chosen, results = self._penalty_choice(
+                X, targets, sw, None, warm, backend, progress=progress)
+            if results is None:  # else the choice's fits made it
+                results = self._fit_heads(
+                    X, targets, sw, backend, warm, stratify=None, partial=False,
+                    progress=progress, multiplier=multiplier, chosen=chosen,
+                )
             commit(self, {"device_": device_, "_target_scale_fixed": True,
-                          "penalty_multiplier_": 1.0,
+                          "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False,
                                                target_scaling=scaling)})
             self._set_gpu_cache(backend, results)
@@ -882,12 +893,15 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                        else _target_scaling(y, sw, fit_intercept=self.fit_intercept))
             warm = None if first else self._warm_states(
                 X.shape[1], 1, scaling=scaling, fresh_sums=not fixed and varied)
+            targets = [_standardise(y, scaling)]
+            multiplier, _ = self._penalty_multiplier(X, targets, sw, None, warm, backend,
+                                                     partial=True)
             results = self._fit_heads(
-                X, [_standardise(y, scaling)], sw, backend, warm, stratify=None,
-                partial=True, progress=progress,
+                X, targets, sw, backend, warm, stratify=None,
+                partial=True, progress=progress, multiplier=multiplier,
             )
             commit(self, {"device_": device_, "_target_scale_fixed": fixed or varied,
-                          "penalty_multiplier_": 1.0,
+                          "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=True,
                                                target_scaling=scaling)})
             self._set_gpu_cache(backend, results)

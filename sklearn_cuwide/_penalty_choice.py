@@ -1,5 +1,6 @@
-"""The strength of a binary factorization machine's "auto" penalties,
-chosen per fit by held-out loss.
+"""The strength of a factorization machine's "auto" penalties, chosen
+per fit by held-out loss (a binary classifier's; a regressor's from early
+stopping's size on).
 
 How strongly the penalties must hold the factors is a property of the
 data, not a constant: on the study's sets the best of the multipliers
@@ -8,7 +9,9 @@ below ranged from 1 to 30, and the test AUC by up to 0.05
 :class:`~sklearn_cuwide.GPUFactorizationMachine` whose ``alpha``, ``beta``
 and ``early_stopping`` are all ``"auto"`` multiplies both penalties by the
 ``m`` of :data:`PENALTY_MULTIPLIERS` with the least held-out log loss, in
-one of two ways (:func:`penalty_choice_mode`):
+one of two ways (:func:`penalty_choice_mode`; a
+:class:`~sklearn_cuwide.GPUFactorizationMachineRegressor` the second, by
+its validation loss, the squared error):
 
 * ``"held_out"``, from :data:`MIN_ROWS` to
   :data:`~sklearn_cuwide._minibatch.EARLY_STOPPING_AUTO_MIN_SAMPLES`
@@ -56,17 +59,25 @@ MIN_ROWS = 2_000
 MAX_ROWS = 100_000
 
 
-def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm):
+def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm,
+                        n_samples=None):
     """How a fit chooses its penalty multiplier: ``"held_out"`` (a fifth
     of its rows held out) from :data:`MIN_ROWS` training rows to early
     stopping's threshold, ``"validation"`` (early stopping's split) from
-    there to :data:`MAX_ROWS`, else None: one binary head, fresh, ``alpha``,
-    ``beta`` and ``early_stopping`` all ``"auto"``, and every class with
-    :data:`MIN_CLASS_ROWS` rows."""
+    there to :data:`MAX_ROWS`, else None: one head, fresh, ``alpha``,
+    ``beta`` and ``early_stopping`` all ``"auto"``; a binary classifier
+    (``stratify`` its class indices) with every class of
+    :data:`MIN_CLASS_ROWS` rows, or a regressor (``stratify`` None) of
+    ``n_samples`` rows, in the ``"validation"`` range only (the sizes its
+    study measured)."""
     if not (alpha == "auto" and beta == "auto" and early_stopping == "auto"):
         return None
-    if n_heads != 1 or warm is not None or stratify is None:
+    if n_heads != 1 or warm is not None:
         return None
+    if stratify is None:
+        if n_samples is None or not EARLY_STOPPING_AUTO_MIN_SAMPLES <= n_samples <= MAX_ROWS:
+            return None
+        return "validation"
     labels = np.asarray(stratify, dtype=np.intp)
     n = labels.shape[0]
     if not MIN_ROWS <= n <= MAX_ROWS:
@@ -78,10 +89,11 @@ def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm):
     return "held_out" if n < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
 
 
-def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm):
+def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm,
+                           n_samples=None):
     """Whether a fit chooses its penalty multiplier (:func:`penalty_choice_mode`)."""
     return penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads,
-                               warm) is not None
+                               warm, n_samples) is not None
 
 
 def _log_loss(t, z, sw):

@@ -99,6 +99,12 @@ def test_when_the_choice_applies():
     assert not penalty_choice_applies(*args, top, 1, None)  # the four fits cost too much
     assert not penalty_choice_applies("auto", "auto", False, y, 1, None)
     assert not penalty_choice_applies("auto", "auto", True, big, 1, None)
+    # a regressor (no classes): from early stopping's size to MAX_ROWS only
+    for n, mode in [(None, None), (9_999, None), (10_000, "validation"),
+                    (MAX_ROWS, "validation"), (MAX_ROWS + 1, None)]:
+        assert penalty_choice_mode(*args, None, 1, None, n_samples=n) == mode, n
+    assert not penalty_choice_applies(*args, None, 1, [object()], n_samples=20_000)
+    assert not penalty_choice_applies("auto", 1e-3, "auto", None, 1, None, n_samples=20_000)
 
 
 def test_from_early_stoppings_size_the_best_validated_fit_is_kept():
@@ -122,6 +128,41 @@ def test_from_early_stoppings_size_the_best_validated_fit_is_kept():
     assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[k]
     for key in ("coef_", "intercept_", "factors_", "validation_score_", "best_iteration_"):
         np.testing.assert_array_equal(getattr(fm, key), getattr(refs[k], key), err_msg=key)
+
+
+def test_the_regressor_keeps_its_best_validated_fit_and_continues_with_it():
+    """A regressor of 10,000 rows: the fit at each multiplier with early
+    stopping (the same split and seed), the one of least validation loss
+    (squared error of the standardised target) kept as it is, against plain
+    fits with the penalties written out for the training part of the split;
+    warm_start and partial_fit keep the multiplier."""
+    from sklearn_cuwide import GPUFactorizationMachineRegressor
+    from sklearn_cuwide._minibatch import _seeds
+    from sklearn_cuwide.datasets import make_ctr_regression
+
+    X, y = make_ctr_regression(10_000, n_features=2**12, n_fields=20, model="fm",
+                               random_state=6)[:2]
+    est = GPUFactorizationMachineRegressor(n_factors=4, max_iter=6, random_state=0,
+                                           device="cpu")
+    fm = clone(est).fit(X, y)
+    tr, _ = _validation_split(y.shape[0], est.validation_fraction, None, _seeds(0)[0])
+    refs, losses = [], []
+    for m in PENALTY_MULTIPLIERS:
+        ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X, y)
+        refs.append(ref)
+        losses.append(-ref.validation_score_[ref.best_iteration_ - 1])
+    k = int(np.argmin(losses))
+    assert len(set(np.round(losses, 6))) == len(losses)  # the choice is not a tie
+    assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[k] > 1  # a choice made
+    for key in ("coef_", "intercept_", "factors_", "validation_score_", "best_iteration_"):
+        np.testing.assert_array_equal(getattr(fm, key), getattr(refs[k], key), err_msg=key)
+    m = fm.penalty_multiplier_
+    fm.set_params(warm_start=True, max_iter=1).fit(X, y)  # continued: no new choice
+    assert fm.penalty_multiplier_ == m
+    fm.partial_fit(X[:500], y[:500])
+    assert fm.penalty_multiplier_ == m
+    small = clone(est).fit(X[:9_000], y[:9_000])  # below early stopping's size
+    assert small.penalty_multiplier_ == 1.0
 
 
 def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
