@@ -112,12 +112,20 @@ def test_from_early_stoppings_size_the_best_validated_fit_is_kept():
     (the same split and seed), the one whose kept epoch has the least
     validation loss kept as it is, against plain fits with the penalties
     written out for the training part of early stopping's split."""
-    from sklearn_cuwide._minibatch import _seeds
-
     X, y = _data(n=10_000, seed=4)
     est = GPUFactorizationMachine(n_factors=4, max_iter=6, random_state=0, device="cpu")
+    _best_validated_fit_is_kept(est, X, y, stratify=y)
+
+
+def _best_validated_fit_is_kept(est, X, y, stratify):
+    """Assert that ``est``'s fit is the one of least validation loss among
+    plain fits at each multiplier (the penalties written out for the
+    training part of early stopping's split, stratified on ``stratify``)
+    and return it."""
+    from sklearn_cuwide._minibatch import _seeds
+
     fm = clone(est).fit(X, y)
-    tr, _ = _validation_split(y.shape[0], est.validation_fraction, y, _seeds(0)[0])
+    tr, _ = _validation_split(y.shape[0], est.validation_fraction, stratify, _seeds(0)[0])
     refs, losses = [], []
     for m in PENALTY_MULTIPLIERS:
         ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X, y)
@@ -128,6 +136,7 @@ def test_from_early_stoppings_size_the_best_validated_fit_is_kept():
     assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[k]
     for key in ("coef_", "intercept_", "factors_", "validation_score_", "best_iteration_"):
         np.testing.assert_array_equal(getattr(fm, key), getattr(refs[k], key), err_msg=key)
+    return fm
 
 
 def test_the_regressor_keeps_its_best_validated_fit_and_continues_with_it():
@@ -137,26 +146,15 @@ def test_the_regressor_keeps_its_best_validated_fit_and_continues_with_it():
     fits with the penalties written out for the training part of the split;
     warm_start and partial_fit keep the multiplier."""
     from sklearn_cuwide import GPUFactorizationMachineRegressor
-    from sklearn_cuwide._minibatch import _seeds
     from sklearn_cuwide.datasets import make_ctr_regression
 
     X, y = make_ctr_regression(10_000, n_features=2**12, n_fields=20, model="fm",
                                random_state=6)[:2]
     est = GPUFactorizationMachineRegressor(n_factors=4, max_iter=6, random_state=0,
                                            device="cpu")
-    fm = clone(est).fit(X, y)
-    tr, _ = _validation_split(y.shape[0], est.validation_fraction, None, _seeds(0)[0])
-    refs, losses = [], []
-    for m in PENALTY_MULTIPLIERS:
-        ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X, y)
-        refs.append(ref)
-        losses.append(-ref.validation_score_[ref.best_iteration_ - 1])
-    k = int(np.argmin(losses))
-    assert len(set(np.round(losses, 6))) == len(losses)  # the choice is not a tie
-    assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[k] > 1  # a choice made
-    for key in ("coef_", "intercept_", "factors_", "validation_score_", "best_iteration_"):
-        np.testing.assert_array_equal(getattr(fm, key), getattr(refs[k], key), err_msg=key)
+    fm = _best_validated_fit_is_kept(est, X, y, stratify=None)
     m = fm.penalty_multiplier_
+    assert m > 1  # a choice made
     fm.set_params(warm_start=True, max_iter=1).fit(X, y)  # continued: no new choice
     assert fm.penalty_multiplier_ == m
     fm.partial_fit(X[:500], y[:500])
