@@ -65,8 +65,7 @@ _FM_PARAMS_DOC = """
         log loss: on a fifth of its rows held out below 10,000 rows (then the
         fit of all rows), else on early stopping's validation split, the
         best of the four fits kept (``penalty_multiplier_``); the regressor
-        likewise from 10,000 to 100,000 rows, by the squared error on early
-        stopping's split.  A number:
+        likewise, by the squared error.  A number:
         the penalty per mini-batch, on the features the mini-batch contains
         (see ``scale_penalty``).
     beta : "auto" or float, default="auto"
@@ -348,6 +347,33 @@ class _BaseFM(_CuWideEstimator):
         split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
         return split_seed, fit_seed
 
+    def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
+        """The multiplier of both "auto" penalties for a small fit
+        (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
+        with this estimator's fits, quiet, sharing one seed, scored by its
+        loss; ``y_idx``: the classes to stratify on, None for the
+        regressor); the held-out rows are scored on the host (a few
+        thousand rows, whatever the model's width or the device's limit)."""
+        split_seed, fit_seed = self._choice_seeds()
+
+        def fit(Xs, t, s, strat, m):
+            res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
+                                  partial=False, progress=_choice_part(progress, m),
+                                  multiplier=m,
+                                  random_state=fit_seed)
+            # the model alone: nothing held on the device while the next fits run
+            return replace(res[0].state, gw=None, gV=None, gb=None)
+
+        def decision(Xs, st):
+            Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
+            return _cpu.decision_function(Xs, st.w, st.b, st.V, fit_linear=self.fit_linear)
+
+        with shared_draws():  # one seed, one layout: the initial factors drawn once
+            m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
+                                             sw, y_idx, split_seed, backend, progress,
+                                             loss=self._loss)
+        return m
+
     def _choose_penalty_by_validation(self, X, targets, sw, y_idx, backend, progress=None):
         """``(m, results)``: this estimator's fit of all rows at each
         multiplier, with early stopping (one seed: the same split, layout and
@@ -543,31 +569,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             return [(y_idx == 1)]
         return [(y_idx == k) for k in range(K)]
 
-    def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
-        """The multiplier of both "auto" penalties for a small binary fit
-        (:func:`~sklearn_cuwide._penalty_choice.choose_penalty_multiplier`,
-        with this estimator's fits, quiet, sharing one seed); the held-out
-        rows are scored on the host (a few thousand rows, whatever the
-        model's width or the device's limit)."""
-        split_seed, fit_seed = self._choice_seeds()
-
-        def fit(Xs, t, s, strat, m):
-            res = self._fit_heads(Xs, [t], s, backend, None, stratify=strat,
-                                  partial=False, progress=_choice_part(progress, m),
-                                  multiplier=m,
-                                  random_state=fit_seed)
-            # the model alone: nothing held on the device while the next fits run
-            return replace(res[0].state, gw=None, gV=None, gb=None)
-
-        def decision(Xs, st):
-            Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
-            return _cpu.decision_function(Xs, st.w, st.b, st.V, fit_linear=self.fit_linear)
-
-        with shared_draws():  # one seed, one layout: the initial factors drawn once
-            m, _ = choose_penalty_multiplier(fit, decision, X, np.asarray(target, np.float64),
-                                             sw, y_idx, split_seed, backend, progress)
-        return m
-
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
     def fit(self, X, y, sample_weight=None):
@@ -753,10 +754,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         least validation loss); None without it.
     penalty_multiplier_ : float
         The factor both "auto" penalties were multiplied by: with ``alpha``,
-        ``beta`` and ``early_stopping`` all ``"auto"``, a fit of 10,000 to
-        100,000 rows fits all of them at each of 1, 3, 10 and 30 and keeps
-        the fit of least validation loss (its kept epoch's); otherwise 1.
-        ``warm_start`` and ``partial_fit`` keep the fitted model's.
+        ``beta`` and ``early_stopping`` all ``"auto"``, the one of 1, 3, 10
+        and 30 with the least held-out squared error: from 2,000 to 10,000
+        rows, of four fits of four fifths of the rows scored on the fifth
+        left out (then the fit of all rows with it); from 10,000 to 100,000
+        rows, of the fits of all rows on early stopping's split, the best
+        fit kept; otherwise 1.  ``warm_start`` and ``partial_fit`` keep the
+        fitted model's.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
     n_features_in_ : int

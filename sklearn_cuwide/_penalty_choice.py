@@ -1,6 +1,5 @@
 """The strength of a factorization machine's "auto" penalties, chosen
-per fit by held-out loss (a binary classifier's; a regressor's from early
-stopping's size on).
+per fit by held-out loss (a binary classifier's and a regressor's).
 
 How strongly the penalties must hold the factors is a property of the
 data, not a constant: on the study's sets the best of the multipliers
@@ -10,8 +9,8 @@ below ranged from 1 to 30, and the test AUC by up to 0.05
 and ``early_stopping`` are all ``"auto"`` multiplies both penalties by the
 ``m`` of :data:`PENALTY_MULTIPLIERS` with the least held-out log loss, in
 one of two ways (:func:`penalty_choice_mode`; a
-:class:`~sklearn_cuwide.GPUFactorizationMachineRegressor` the second, by
-its validation loss, the squared error):
+:class:`~sklearn_cuwide.GPUFactorizationMachineRegressor` likewise, by the
+squared error, the fifth drawn at random):
 
 * ``"held_out"``, from :data:`MIN_ROWS` to
   :data:`~sklearn_cuwide._minibatch.EARLY_STOPPING_AUTO_MIN_SAMPLES`
@@ -68,16 +67,15 @@ def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm,
     ``beta`` and ``early_stopping`` all ``"auto"``; a binary classifier
     (``stratify`` its class indices) with every class of
     :data:`MIN_CLASS_ROWS` rows, or a regressor (``stratify`` None) of
-    ``n_samples`` rows, in the ``"validation"`` range only (the sizes its
-    study measured)."""
+    ``n_samples`` rows."""
     if not (alpha == "auto" and beta == "auto" and early_stopping == "auto"):
         return None
     if n_heads != 1 or warm is not None:
         return None
     if stratify is None:
-        if n_samples is None or not EARLY_STOPPING_AUTO_MIN_SAMPLES <= n_samples <= MAX_ROWS:
+        if n_samples is None or not MIN_ROWS <= n_samples <= MAX_ROWS:
             return None
-        return "validation"
+        return "held_out" if n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
     labels = np.asarray(stratify, dtype=np.intp)
     n = labels.shape[0]
     if not MIN_ROWS <= n <= MAX_ROWS:
@@ -96,28 +94,33 @@ def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm,
                                warm, n_samples) is not None
 
 
-def _log_loss(t, z, sw):
-    """The weighted mean logistic loss (the solvers' own,
-    :func:`~sklearn_cuwide._loss.pointwise_loss`) of decision values ``z``
-    for 0/1 targets ``t``, in float64."""
+def _held_out_loss(t, z, sw, loss="logistic"):
+    """The weighted mean ``loss`` (the solvers' own,
+    :func:`~sklearn_cuwide._loss.pointwise_loss`: ``"logistic"`` of 0/1
+    targets, ``"squared"`` half the squared error) of decision values ``z``
+    for targets ``t``, in float64."""
     z = np.asarray(z, dtype=np.float64).reshape(-1, 1)
-    loss, _ = pointwise_loss(np, z, np.asarray(t, dtype=np.float64).ravel(), "logistic")
-    return float(np.sum(sw * loss) / max(float(np.sum(sw)), 1e-300))
+    lo, _ = pointwise_loss(np, z, np.asarray(t, dtype=np.float64).ravel(), loss)
+    return float(np.sum(sw * lo) / max(float(np.sum(sw)), 1e-300))
+
+
+#: the words of each loss in the choice's log
+_LOSS_WORDS = {"logistic": "log loss", "squared": "squared error"}
 
 
 def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, backend,
-                              progress=None):
+                              progress=None, loss="logistic"):
     """``(m, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS` whose
-    fit on four fifths of the rows has the least held-out log loss (the
+    fit on four fifths of the rows has the least held-out ``loss`` (the
     first such), and each one's loss.  ``progress``: the fit's log, which
     gets one line per multiplier (its loss and its fit's time).
 
     ``fit(X, target, sw, stratify, m)``: the estimator's fit of those rows
     with multiplier ``m``, returning its state (numpy);
     ``decision(X, state)``: its decision values of ``X`` (host).  The split
-    is stratified on ``stratify`` with ``seed``; the fits' warnings (each
-    trains to ``max_iter`` or the training-loss rule) are the final fit's
-    to give, not theirs."""
+    is stratified on ``stratify`` with ``seed`` (None: a plain random
+    fifth); the fits' warnings (each trains to ``max_iter`` or the
+    training-loss rule) are the final fit's to give, not theirs."""
     tr, va = _validation_split(target.shape[0], CHOICE_FRACTION, stratify, seed)
     Xt, Xv = _take_rows(X, tr, backend), _take_rows(X, va, backend)
     losses = []
@@ -125,11 +128,12 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            state = fit(Xt, target[tr], sw[tr], stratify[tr], m)
-        losses.append(_log_loss(target[va], decision(Xv, state), sw[va]))
+            state = fit(Xt, target[tr], sw[tr], None if stratify is None else stratify[tr], m)
+        losses.append(_held_out_loss(target[va], decision(Xv, state), sw[va], loss))
         if progress is not None:
-            progress.note(f"Penalty multiplier {m:g}: held-out log loss {losses[-1]:.6f} "
-                          f"(fit of {tr.size:,} rows in {time.perf_counter() - t0:.3f} s)")
+            progress.note(f"Penalty multiplier {m:g}: held-out {_LOSS_WORDS[loss]} "
+                          f"{losses[-1]:.6f} (fit of {tr.size:,} rows in "
+                          f"{time.perf_counter() - t0:.3f} s)")
     return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses
 
 

@@ -99,9 +99,9 @@ def test_when_the_choice_applies():
     assert not penalty_choice_applies(*args, top, 1, None)  # the four fits cost too much
     assert not penalty_choice_applies("auto", "auto", False, y, 1, None)
     assert not penalty_choice_applies("auto", "auto", True, big, 1, None)
-    # a regressor (no classes): from early stopping's size to MAX_ROWS only
-    for n, mode in [(None, None), (9_999, None), (10_000, "validation"),
-                    (MAX_ROWS, "validation"), (MAX_ROWS + 1, None)]:
+    # a regressor (no classes): its rows decide
+    for n, mode in [(None, None), (1_999, None), (2_000, "held_out"), (9_999, "held_out"),
+                    (10_000, "validation"), (MAX_ROWS, "validation"), (MAX_ROWS + 1, None)]:
         assert penalty_choice_mode(*args, None, 1, None, n_samples=n) == mode, n
     assert not penalty_choice_applies(*args, None, 1, [object()], n_samples=20_000)
     assert not penalty_choice_applies("auto", 1e-3, "auto", None, 1, None, n_samples=20_000)
@@ -159,8 +159,39 @@ def test_the_regressor_keeps_its_best_validated_fit_and_continues_with_it():
     assert fm.penalty_multiplier_ == m
     fm.partial_fit(X[:500], y[:500])
     assert fm.penalty_multiplier_ == m
-    small = clone(est).fit(X[:9_000], y[:9_000])  # below early stopping's size
+    small = clone(est).fit(X[:1_999], y[:1_999])  # too few rows to choose
     assert small.penalty_multiplier_ == 1.0
+
+
+def test_a_small_regressor_chooses_on_a_fifth_and_the_fit_uses_it():
+    """From 2,000 to 10,000 rows the regressor's multiplier is the one whose
+    fit of four fifths of the rows has the least squared error on the
+    random fifth left out, and the fit of all rows uses it.  Reference:
+    plain fits with the penalties written out, of the target standardised
+    as the estimator does it (the same split; the least loss by a clear
+    margin), then the fit of all rows with that multiplier, bit for bit."""
+    from sklearn_cuwide import GPUFactorizationMachineRegressor
+    from sklearn_cuwide._fm import _standardise, _target_scaling
+    from sklearn_cuwide.datasets import make_ctr_regression
+
+    X, y = make_ctr_regression(4_000, n_features=2**12, n_fields=20, model="fm",
+                               random_state=5)[:2]
+    est = GPUFactorizationMachineRegressor(n_factors=4, max_iter=8, random_state=0,
+                                           device="cpu")
+    fm = clone(est).fit(X, y)
+    seed = check_random_state(0).randint(np.iinfo(np.int32).max)
+    tr, va = _validation_split(y.shape[0], CHOICE_FRACTION, None, seed)
+    t = _standardise(y, _target_scaling(y, np.ones(y.size), fit_intercept=True))
+    losses = []
+    for m in PENALTY_MULTIPLIERS:
+        ref = _explicit(est, X[tr], np.ones(tr.size), m).fit(X[tr], t[tr])
+        losses.append(float(np.mean((ref.predict(X[va]) - t[va]) ** 2)))
+    order = np.argsort(losses)
+    assert losses[order[1]] > 1.01 * losses[order[0]]  # a clear choice
+    assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[order[0]] > 1
+    full = _explicit(est, X, np.ones(X.shape[0]), fm.penalty_multiplier_).fit(X, y)
+    for k in ("coef_", "intercept_", "factors_"):
+        np.testing.assert_array_equal(getattr(fm, k), getattr(full, k), err_msg=k)
 
 
 def test_the_validation_choice_logs_each_fit_and_warns_for_the_kept_one(capsys):
