@@ -136,15 +136,12 @@ def time_epochs(estimator, X, y, *, epochs=3, variant="flow", eval_X=None,
             est.classes_, stratify = est._fit_classes(y)
             sw = est._weights(est.classes_, y, sw)
             targets = est._targets(stratify)
-        multiplier = 1.0
-        if not regressor:
-            # the penalty a fit of these epochs chooses, chosen as it does; its
-            # four fits are left out of the setup's time
-            c0 = time.perf_counter()
-            chooser = clone(estimator).set_params(max_iter=int(epochs))
-            multiplier, _ = chooser._penalty_multiplier(X, targets, sw, stratify, None,
-                                                        backend)
-            probe._t0 += time.perf_counter() - c0
+        # the penalty a fit of these epochs chooses, chosen as it does; its
+        # four fits are left out of the setup's time
+        c0 = time.perf_counter()
+        chooser = clone(estimator).set_params(max_iter=int(epochs))
+        multiplier, _ = chooser._penalty_multiplier(X, targets, sw, stratify, None, backend)
+        probe._t0 += time.perf_counter() - c0
         results = est._fit_heads(X, targets, sw, probe, None, stratify=stratify,
                                  partial=False, multiplier=multiplier)
         if regressor:
