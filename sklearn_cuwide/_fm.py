@@ -329,6 +329,18 @@ class _BaseFM(_CuWideEstimator):
             progress.stage(f"penalty choice (multiplier {m:g})")
         return m, m, results
 
+    def _chosen_fit(self, X, targets, sw, y_idx, warm, backend, progress):
+        """``(multiplier, results)`` of ``fit``: the penalty multiplier
+        (:meth:`_penalty_choice`) and the heads fitted with it, the choice's
+        own fit where it made one."""
+        multiplier, chosen, results = self._penalty_choice(X, targets, sw, y_idx, warm,
+                                                           backend, progress=progress)
+        if results is None:
+            results = self._fit_heads(X, targets, sw, backend, warm, stratify=y_idx,
+                                      partial=False, progress=progress,
+                                      multiplier=multiplier, chosen=chosen)
+        return multiplier, results
+
     def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
                             progress=None):
         """``(multiplier, chosen)`` of :meth:`_penalty_choice`."""
@@ -605,13 +617,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             ):
                 warm = self._warm_states(X.shape[1], n_heads)
             targets = self._targets(y_idx, classes)
-            multiplier, chosen, results = self._penalty_choice(
-                X, targets, sw, y_idx, warm, backend, progress=progress)
-            if results is None:  # else the choice's fits made it
-                results = self._fit_heads(
-                    X, targets, sw, backend, warm, stratify=y_idx,
-                    partial=False, progress=progress, multiplier=multiplier, chosen=chosen,
-                )
+            multiplier, results = self._chosen_fit(X, targets, sw, y_idx, warm, backend,
+                                                   progress)
             commit(self, {"classes_": classes, "device_": device_,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False)})
@@ -847,13 +854,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
             scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
             targets = [_standardise(y, scaling)]
-            multiplier, chosen, results = self._penalty_choice(
-                X, targets, sw, None, warm, backend, progress=progress)
-            if results is None:  # else the choice's fits made it
-                results = self._fit_heads(
-                    X, targets, sw, backend, warm, stratify=None, partial=False,
-                    progress=progress, multiplier=multiplier, chosen=chosen,
-                )
+            multiplier, results = self._chosen_fit(X, targets, sw, None, warm, backend,
+                                                   progress)
             commit(self, {"device_": device_, "_target_scale_fixed": True,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False,
