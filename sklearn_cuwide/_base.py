@@ -624,9 +624,22 @@ class _CuWideEstimator(BaseEstimator):
     def _device_heads(self, results, backend):
         """The fit's own device arrays as ``_heads()`` (equal to the public
         fitted arrays), from its :class:`~sklearn_cuwide._minibatch.HeadResult`
-        list; None where a result has none (a CPU, L-BFGS or out-of-core
-        fit).  The intercepts are the public ones, copied (a few numbers)."""
-        return None
+        list (one per head); None where a result has none (a CPU or
+        out-of-core fit).  The intercepts are the public ones, copied (a few
+        numbers)."""
+        models = [r.device_model for r in results]
+        if not models or any(m is None for m in models):
+            return None
+        heads = []
+        for (w, V), (_, b, _) in zip(models, self._heads()):
+            w, V = self._device_model_in_user_units(w, V)
+            heads.append((w, backend.to_device(np.ascontiguousarray(b)), V))
+        return heads
+
+    def _device_model_in_user_units(self, w, V):
+        """A fit's own device ``(w, V)`` as the public fitted arrays hold
+        them (the regressor rescales them, in place); as they are here."""
+        return w, V
 
     def _set_gpu_cache(self, backend, results=None):
         """After a fit: keep the fitted arrays where the backend computes

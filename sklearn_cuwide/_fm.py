@@ -690,13 +690,6 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             for k in range(self.coef_.shape[0])
         ]
 
-    def _device_heads(self, results, backend):
-        models = [r.device_model for r in results]
-        if any(m is None for m in models):
-            return None
-        return [(w, backend.to_device(self.intercept_[k : k + 1]), V)
-                for k, (w, _, V) in enumerate(models)]
-
 
     @staticmethod
     def _multiclass_log_proba(Z):
@@ -974,16 +967,12 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     def _heads(self):
         return [(self.coef_[:, None], self.intercept_, self.factors_)]
 
-    def _device_heads(self, results, backend):
-        (model,) = [r.device_model for r in results]
-        if model is None:
-            return None
-        # in place: the fit's own arrays, in the user's units as _in_user_units makes them
-        w, _, V = model
-        scale = self._stored_target_scaling()[1]
-        w *= COMPUTE_DTYPE(scale)
-        V *= COMPUTE_DTYPE(np.sqrt(scale))
-        return [(w, backend.to_device(self.intercept_), V)]
+    def _device_model_in_user_units(self, w, V):
+        # in place: the fit's own arrays, the same float32 products as _in_user_units
+        fw, fv = _unit_factors(self._stored_target_scaling()[1])
+        w *= fw
+        V *= fv
+        return w, V
 
     def predict(self, X):
         """Predicted targets.
@@ -1042,9 +1031,17 @@ def _in_user_units(w, b, V, scaling):
     (the compute dtype): ``w * scale``, ``b * scale + offset``, ``V *
     sqrt(scale)``; numpy or cupy arrays."""
     offset, scale = scaling
-    return ((w * COMPUTE_DTYPE(scale)).astype(COMPUTE_DTYPE, copy=False),
+    fw, fv = _unit_factors(scale)
+    return ((w * fw).astype(COMPUTE_DTYPE, copy=False),
             (b.astype(np.float64) * scale + offset).astype(COMPUTE_DTYPE),
-            (V * COMPUTE_DTYPE(np.sqrt(scale))).astype(COMPUTE_DTYPE, copy=False))
+            (V * fv).astype(COMPUTE_DTYPE, copy=False))
+
+
+def _unit_factors(scale):
+    """The compute-dtype factors that take ``w`` and ``V`` of the
+    standardised target to the units of ``y``: ``scale`` and
+    ``sqrt(scale)`` (the pairwise term is quadratic in ``V``)."""
+    return COMPUTE_DTYPE(scale), COMPUTE_DTYPE(np.sqrt(scale))
 
 
 def _standardise(y, scaling):

@@ -607,10 +607,6 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     def _heads(self):
         return [(self.coef_.T, self.intercept_, None)]
 
-    def _device_heads(self, results, backend):
-        ((w, _, _),) = [r.device_model or (None,) * 3 for r in results]
-        return None if w is None else [(w, backend.to_device(self.intercept_), None)]
-
     @staticmethod
     def _multiclass_log_proba(Z):
         return log_softmax(Z, axis=1)  # multinomial

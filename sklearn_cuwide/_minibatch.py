@@ -83,7 +83,7 @@ class HeadResult:
     curves.  With early stopping the state is the best epoch's, number
     ``best_iteration`` (1-based) of the ``n_iter`` run; ``validation_curve``
     holds each epoch's mean validation loss (empty without it).
-    ``device_model``: the fit's own ``(w, b, V)`` on the device, or None
+    ``device_model``: the fit's own ``(w, V)`` on the device, or None
     (:func:`~sklearn_cuwide._solvers.fit_minibatch`); a GPU fit's state
     leaves Adagrad's sums there too, until read."""
 

@@ -72,18 +72,14 @@ def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm,
         return None
     if n_heads != 1 or warm is not None:
         return None
-    if stratify is None:
-        if n_samples is None or not MIN_ROWS <= n_samples <= MAX_ROWS:
+    n = n_samples if stratify is None else len(stratify)
+    if n is None or not MIN_ROWS <= n <= MAX_ROWS:
+        return None
+    if stratify is not None:
+        counts = np.bincount(np.asarray(stratify, dtype=np.intp))
+        counts = counts[counts > 0]
+        if counts.size != 2 or int(counts.min()) < MIN_CLASS_ROWS:
             return None
-        return "held_out" if n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
-    labels = np.asarray(stratify, dtype=np.intp)
-    n = labels.shape[0]
-    if not MIN_ROWS <= n <= MAX_ROWS:
-        return None
-    counts = np.bincount(labels)
-    counts = counts[counts > 0]
-    if counts.size != 2 or int(counts.min()) < MIN_CLASS_ROWS:
-        return None
     return "held_out" if n < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
 
 

@@ -310,8 +310,8 @@ def fit_minibatch(
     Returns
     -------
     state (numpy, user order), n_iter, loss_curve, validation_curve, device_model
-        ``device_model``: the fitted ``(w, b, V)`` (user order) where the
-        backend holds them apart from the host (on a GPU, V None for logistic
+        ``device_model``: the fitted ``(w, V)`` (user order) where the
+        backend holds them apart from the host (on a GPU; V None for logistic
         regression), else None.  A GPU fit leaves Adagrad's sums ``gw`` and
         ``gV`` of the state there too (``backend.get_state``'s ``lazy``).
     """
@@ -443,7 +443,7 @@ def fit_minibatch(
         del dstate
         check_finite_state(out, n_iter, params, xp)
         if backend.holds(out.w):  # the device's copy serves the predictions
-            device_model = (out.w, out.b, out.V)
+            device_model = (out.w, out.V)
         # the sums are read only to continue or pickle the model
         out = backend.get_state(out, lazy=("gw", "gV"))
     progress.stage(f"{log_prefix}model back")

@@ -713,7 +713,7 @@ def test_the_fits_device_arrays_become_the_cache_and_its_sums_stay_when_they_fit
         name="stand-in", device_memory=lambda: (free, 2 * 10**9),
         to_device=lambda a: uploads.append(a.nbytes) or a,
         release_cached=lambda: None)
-    results = [HeadResult(None, 2, [], device_model=(dev_w, None, dev_V))]
+    results = [HeadResult(None, 2, [], device_model=(dev_w, dev_V))]
 
     def fitted(limit):
         uploads.clear()
