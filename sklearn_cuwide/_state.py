@@ -539,7 +539,10 @@ class FitProgress:
         self._print(line)
 
     def stage(self, name):
-        """End the stage ``name`` (it began where the last line's span ended)."""
+        """End the stage ``name`` (it began where the last line's span ended);
+        None prints nothing and leaves the span to the next line."""
+        if name is None:
+            return
         self._flush_iterations()
         _, span = self._span()
         self._print(f"Stage: {name} in {span}")

@@ -21,6 +21,7 @@ from sklearn_cuwide import (
     GPULogisticRegression,
     _state,
 )
+from sklearn_cuwide._device import cuda_device_count
 from sklearn_cuwide._state import FitProgress
 
 from .conftest import make_sparse_problem
@@ -75,19 +76,26 @@ def _parse(out):
     return parsed
 
 
-def _minibatch_lines(heads, epochs, early_stopping=False):
-    """The lines a mini-batch fit prints, in order."""
+#: the stages that copy to the backend and back, by device: the CPU's copy
+#: nothing and say what they do instead
+COPIES = {"cpu": ("model in layout order", "model in feature order"),
+          "cuda": ("upload", "model back")}
+
+
+def _minibatch_lines(heads, epochs, early_stopping=False, device="cpu"):
+    """The lines a mini-batch fit on ``device`` prints, in order."""
+    to_backend, back = COPIES[device]
     out = [("stage", "input checks")]
     if early_stopping:
         out.append(("stage", "validation split"))
     out += [("stage", "step parameters"), ("stage", "layout")]
     for h in range(1, heads + 1):
         prefix = "" if heads == 1 else f"model {h} of {heads}, "
-        out += [("stage", prefix + "initial state"), ("stage", prefix + "upload")]
+        out += [("stage", prefix + "initial state"), ("stage", prefix + to_backend)]
         out += [("epoch", (h, e)) for e in range(1, epochs + 1)]
         if early_stopping:  # why the epochs ended, and the model kept
             out.append(("stopped", epochs))
-        out.append(("stage", prefix + "model back"))
+        out.append(("stage", prefix + back))
     return out + [("stage", "attributes")]
 
 
@@ -154,10 +162,11 @@ def test_lbfgs_prints_a_line_per_ten_iterations_or_each(binary, capsys, verbose,
     n_iter = int(est.n_iter_[0])
     assert n_iter > 20  # enough iterations for several lines
     assert lines[:2] == [("stage", "input checks"), ("stage", "objective")]
-    assert lines[-3:-1] == [("stage", "coefficients back"), ("stage", "attributes")]
+    # the CPU's coefficients are host arrays already: no stage brings them back
+    assert lines[-2:-1] == [("stage", "attributes")]
     assert lines[-1][0] == "fit"
-    spans = [v for k, v in lines[2:-3]]
-    assert all(k == "iterations" for k, _ in lines[2:-3])
+    spans = [v for k, v in lines[2:-2]]
+    assert all(k == "iterations" for k, _ in lines[2:-2])
     # consecutive spans cover the iterations once, the first alone
     assert spans[0] == (1, 1)
     assert [a for a, _ in spans[1:]] == [b + 1 for _, b in spans[:-1]]
@@ -208,6 +217,14 @@ def test_iterations_are_grouped_and_flushed_by_the_next_stage(capsys, monkeypatc
         "Stage: coefficients back"]
     assert lines[3].startswith("Iterations 21-25 in 1.000 s: loss 0.040000, ")
     assert p.samples == 250
+
+
+def test_a_stage_named_none_prints_nothing_and_its_span_joins_the_next(capsys, monkeypatch):
+    monkeypatch.setattr(_state, "time", types.SimpleNamespace(perf_counter=_Clock()))
+    p = FitProgress(verbose=1)  # t = 1
+    p.stage(None)  # nothing printed, the clock not read
+    p.stage("attributes")  # t = 2
+    assert capsys.readouterr().out.splitlines() == ["Stage: attributes in 1.000 s"]
 
 
 def test_a_span_that_compiled_kernels_says_so(capsys, monkeypatch):
@@ -296,3 +313,24 @@ def test_a_parts_lines_are_prefixed_from_verbose_2_and_its_rows_count_in_the_fit
         assert ("[multiplier 3] Epoch 1/1 in" in out) is shown
         assert "\nEpoch 1/1 in" in out or out.startswith("Epoch 1/1 in")
         assert " 15 samples processed" in out
+
+
+# --------------------------------------------------------------------------
+# GPU twins: the copies' own stages
+# --------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(MINIBATCH))
+def test_gpu_minibatch_fit_prints_its_upload_and_model_back(name, binary, capsys):
+    X, y = binary
+    MINIBATCH[name]().set_params(verbose=1, device="cuda", early_stopping=True).fit(X, y)
+    lines = _parse(capsys.readouterr().out)
+    assert lines[:-1] == _minibatch_lines(1, 3, True, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+def test_gpu_lbfgs_prints_its_coefficients_back(binary, capsys):
+    GPULogisticRegression(verbose=1, max_iter=5, device="cuda").fit(*binary)
+    lines = _parse(capsys.readouterr().out)
+    assert lines[-3:-1] == [("stage", "coefficients back"), ("stage", "attributes")]

@@ -28,6 +28,11 @@ class Backend(Protocol):
     name: str
     #: the array module of the backend's arrays (numpy or cupy)
     xp: object
+    #: ``verbose``'s names of the stages that copy between the host and the
+    #: backend (``"upload"``, ``"model back"``, ``"coefficients back"``) where
+    #: this backend's differ: the CPU copies nothing, so its stages say what
+    #: they do (None: no stage of its own, its time joins the next one's)
+    stage_names: dict
 
     # -- placement -----------------------------------------------------------
     def holds(self, X) -> bool:

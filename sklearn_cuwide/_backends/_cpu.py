@@ -31,6 +31,10 @@ from .._validation import check_sparse_structure
 
 name = "cpu"
 xp = np
+#: the fit's arrays are host arrays already: its "upload" puts the model in
+#: the layout's feature order, its "model back" returns it to the user's
+stage_names = {"upload": "model in layout order", "model back": "model in feature order",
+               "coefficients back": None}
 
 #: Shared memory per multiprocessor the CPU backend assumes when it sizes
 #: tiles, so that the CPU reference walks the same tiles as the kernels on an

@@ -54,10 +54,11 @@ from ._validate import validate_input
 
 name = "cuda"
 xp = cp
+stage_names = {}  # the copies' own names
 
 __all__ = [
-    "name", "xp", "use_device", "device_scope", "device_memory", "holds", "tile_shape",
-    "concurrent_blocks", "free_memory",
+    "name", "xp", "stage_names", "use_device", "device_scope", "device_memory", "holds",
+    "tile_shape", "concurrent_blocks", "free_memory",
     "to_device", "to_host", "synchronize", "put_csr", "csr_in_layout_order", "put_state",
     "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
