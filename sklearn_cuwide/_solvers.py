@@ -441,7 +441,7 @@ def fit_minibatch(
             _put_back(dstate, best_state)
         out = dstate.take_features(backend.to_device(layout.feature_rank), xp)
         del dstate
-        check_finite_state(out, n_iter, params, xp)
+        check_finite_state(out, n_iter, params, backend)
         if backend.holds(out.w):  # the device's copy serves the predictions
             device_model = (out.w, out.V)
         # the sums are read only to continue or pickle the model
@@ -475,11 +475,10 @@ def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_c
     return text[0].upper() + text[1:]
 
 
-def check_finite_state(state, n_iter, params, xp=np):
+def check_finite_state(state, n_iter, params, backend=None):
     """Raise the divergence error (:func:`_diverged`) when a fitted state
-    (arrays of ``xp``) holds non-finite values."""
-    def finite(a):  # on the host on every core
-        return all_finite(a) if xp is np else bool(xp.isfinite(a).all())
+    (arrays on ``backend``; None: on the host) holds non-finite values."""
+    finite = all_finite if backend is None else backend.all_finite
 
     bad = [name for name, a in (("coefficients", state.w), ("intercepts", state.b),
                                 ("factors", state.V))

@@ -50,6 +50,9 @@ class Backend(Protocol):
         """A backend array as numpy; written into ``out`` (a C-contiguous
         numpy array of its shape and dtype) when given."""
 
+    def all_finite(self, a) -> bool:
+        """Whether every value of array ``a`` (on the backend) is finite."""
+
     def synchronize(self):
         """Wait for the backend's queued work."""
 

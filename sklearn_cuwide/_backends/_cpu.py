@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
-from .. import _memory
+from .. import _host, _memory
 from .._layout import penalty_scale
 from .._loss import pointwise_loss, weighted_loss as _weighted_loss
 from .._state import draw_factors as _draw_factors
@@ -40,6 +40,11 @@ stage_names = {"upload": "model in layout order", "model back": "model in featur
 #: tiles, so that the CPU reference walks the same tiles as the kernels on an
 #: H200 (228 KiB per SM).
 NOMINAL_SHARED_PER_SM = 233472
+
+
+def all_finite(a):
+    """Whether every value of ``a`` is finite (on every core)."""
+    return _host.all_finite(a)
 
 
 def tile_shape(params, n_outputs, n_factors, batch_size):

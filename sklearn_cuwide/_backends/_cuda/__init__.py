@@ -32,6 +32,7 @@ from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._loss import weighted_loss
 from ._predict import decision_function
 from ._runtime import (
+    all_finite,
     concurrent_blocks,
     csr_in_layout_order,
     device_memory,
@@ -59,8 +60,8 @@ stage_names = {}  # the copies' own names
 __all__ = [
     "name", "xp", "stage_names", "use_device", "device_scope", "device_memory", "holds",
     "tile_shape", "concurrent_blocks", "free_memory",
-    "to_device", "to_host", "synchronize", "put_csr", "csr_in_layout_order", "put_state",
-    "get_state",
+    "to_device", "to_host", "all_finite", "synchronize", "put_csr", "csr_in_layout_order",
+    "put_state", "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
     "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",

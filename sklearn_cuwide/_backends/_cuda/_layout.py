@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import _layout, _memory
 from ..._config import get_config
-from . import _upload
+from . import _reduce, _upload
 from ._build import CudaBuildKernels
 from ._runtime import device_memory
 
@@ -207,7 +207,8 @@ class DeviceLayout:
             del updaters
             # features from the last damped one on have a scale of 1
             damped = (s < 1.0)[::-1]
-            n_scaled = s.size - int(cp.argmax(damped)) if bool(damped.any()) else 0
+            n_scaled = (s.size - int(cp.argmax(damped))
+                        if bool(_reduce.reduce_all(cp, damped, "any")) else 0)
             del damped
             # one level kept: 4 bytes per feature, not 4 per level of the ramp
             self._scale = (key, (s.astype(cp.float32, copy=False), n_scaled, sb))

@@ -16,7 +16,7 @@ from ..._config import get_config
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
-from . import _upload
+from . import _reduce, _upload
 from ._validate import check_index_width
 
 #: a null device pointer, for the kernels' optional arrays
@@ -92,7 +92,9 @@ def _plain_reductions():
     every nonzero) use CuPy's own reduction kernels.  Why: CuPy compiles a
     CUB reduction at its first use, two kernels of 1.5-2.5 s each on a cold
     cache for every operation and dtype, where its own compiles in about
-    0.1 s; at run time both read the array once."""
+    0.1 s.  Both read the array once, but CuPy's own reduces to one value
+    in one thread block: a large array's full reduction goes through
+    :mod:`._reduce` (rows first)."""
     acc = getattr(cp._core, "_accelerator", cp._core)
     get = getattr(acc, "get_reduction_accelerators", None)
     put = getattr(acc, "set_reduction_accelerators", None)
@@ -233,6 +235,12 @@ def to_host(a, out=None):
     if isinstance(a, cp.ndarray):
         return cp.asnumpy(a)
     return np.asarray(a)
+
+
+def all_finite(a):
+    """Whether every value of device array ``a`` is finite (a large one in
+    two passes: :mod:`._reduce`)."""
+    return _reduce.all_finite(cp, a)
 
 
 def synchronize():

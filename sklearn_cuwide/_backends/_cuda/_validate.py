@@ -8,6 +8,7 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ..._sparse import canonical_csr
+from . import _reduce
 from ..._validation import (
     F32_MAX,
     check_sparse_structure,
@@ -134,7 +135,7 @@ def validate_input(X, estimator_name=None):
         X = X.astype(cp.float32)  # a new array / matrix
     if dtype.kind == "f":  # bool and integers are finite
         values = X.data if sparse else X
-        if values.size and not bool(cp.isfinite(values).all()):  # one sync
+        if values.size and not _reduce.all_finite(cp, values):  # one sync
             if bool(cp.isnan(values).any()):
                 msg = "Input X contains NaN."
                 if estimator_name:
@@ -149,7 +150,8 @@ def validate_input(X, estimator_name=None):
                 )
             raise ValueError(msg)
         if dtype == np.float64 and values.size:  # the model is computed in float32
-            top = max(float(values.max()), -float(values.min()))  # no temporary
+            top = max(float(_reduce.reduce_all(cp, values, "max")),  # no temporary
+                      -float(_reduce.reduce_all(cp, values, "min")))
             if top > F32_MAX:
                 raise ValueError(float32_range_message(top, "X"))
     if not sparse:
