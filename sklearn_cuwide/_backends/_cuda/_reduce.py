@@ -1,16 +1,15 @@
-"""Full reductions of large device arrays, in two passes.
+"""``all`` and ``any`` of large device arrays, in two passes.
 
-Rule: a reduction of a large array to one value first reduces rows of it
-(:data:`ROWS` of them, each by a thread block of its own), then those
-values.  Why: the fits run CuPy's reductions without CUB
-(``_runtime._plain_reductions``), and CuPy's own kernel reduces to one value
-in a single thread block: 48 ms for the finiteness of 64M factors on an H200,
-where a reduction of rows first keeps every multiprocessor busy.  Arrays
-below :data:`TWO_PASS_ITEMS` (a single pass of at most about 25 ms) keep the
-single pass: the kernel of a reduction over rows is one more CuPy
-compilation (about 0.1 s) on a cold cache, which the models of a fresh
-process's usual first fits (the start-up benchmark's 2^20 features times 16
-factors among them) do not pay.
+Rule: ``all`` and ``any`` of an array of :data:`TWO_PASS_ITEMS` items or
+more reduce rows of it first (:data:`ROWS` of them, each by a thread block
+of its own), then those values.  Why: the fits run CuPy's reductions without
+CUB (``_runtime._plain_reductions``), and CuPy's own ``all`` / ``any`` of a
+large bool array to one value keeps few multiprocessors busy, a hundred
+times slower than rows first (its ``max``, ``min`` and ``sum`` are not: they
+stay one pass).  Smaller arrays keep the one pass: the kernel over rows is
+one more CuPy compilation on a cold cache, which the models of a fresh
+process's usual first fits then do not pay (docs/design/host_passes.rst has
+the measurements).
 
 Rule: this module takes the array module as ``xp`` (cupy) and imports no
 cupy.  Why: the CPU tests check it against numpy's reductions.
@@ -25,9 +24,10 @@ ROWS = 1024
 
 
 def reduce_all(xp, a, op):
-    """``getattr(a, op)()`` over every item of array ``a`` (``op``: ``"all"``,
-    ``"any"``, ``"max"``, ``"min"`` or ``"sum"``, whose rows' partial sums
-    are added in the array's accumulation dtype), as a 0-d array of ``xp``."""
+    """``getattr(a, op)()`` over every item of array ``a`` (``op``: ``"all"``
+    or ``"any"``, where it pays; ``"max"``, ``"min"`` and ``"sum"`` give the
+    same too, the rows' partial sums added in the array's accumulation
+    dtype), as a 0-d array of ``xp``."""
     flat = a.ravel()
     n = flat.size
     if n < TWO_PASS_ITEMS:

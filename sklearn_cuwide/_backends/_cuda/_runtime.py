@@ -92,9 +92,9 @@ def _plain_reductions():
     every nonzero) use CuPy's own reduction kernels.  Why: CuPy compiles a
     CUB reduction at its first use, two kernels of 1.5-2.5 s each on a cold
     cache for every operation and dtype, where its own compiles in about
-    0.1 s.  Both read the array once, but CuPy's own reduces to one value
-    in one thread block: a large array's full reduction goes through
-    :mod:`._reduce` (rows first)."""
+    0.1 s.  Both read the array once; CuPy's own ``all`` and ``any`` of a
+    large array to one value are slow, and go through :mod:`._reduce` (rows
+    first)."""
     acc = getattr(cp._core, "_accelerator", cp._core)
     get = getattr(acc, "get_reduction_accelerators", None)
     put = getattr(acc, "set_reduction_accelerators", None)

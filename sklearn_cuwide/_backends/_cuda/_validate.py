@@ -150,8 +150,7 @@ def validate_input(X, estimator_name=None):
                 )
             raise ValueError(msg)
         if dtype == np.float64 and values.size:  # the model is computed in float32
-            top = max(float(_reduce.reduce_all(cp, values, "max")),  # no temporary
-                      -float(_reduce.reduce_all(cp, values, "min")))
+            top = max(float(values.max()), -float(values.min()))  # no temporary
             if top > F32_MAX:
                 raise ValueError(float32_range_message(top, "X"))
     if not sparse:
