@@ -8,13 +8,13 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ..._sparse import canonical_csr
-from . import _reduce
 from ..._validation import (
     F32_MAX,
     check_sparse_structure,
     float32_range_message,
     index_width_message,
 )
+from . import _reduce
 
 #: the largest index (and number of stored entries) int32 indices hold
 INDEX_LIMIT = 2**31 - 1
