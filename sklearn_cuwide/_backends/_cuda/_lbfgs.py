@@ -40,8 +40,10 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     X = put_csr(X)
     if X.dtype not in (np.float32, np.float64):
         X = X.astype(cp.float32)
+    # no sum_duplicates: the gradient kernel sums a feature's entries in any
+    # order, and a canonical X has no duplicates for its transpose to hold
+    # (CuPy's check of the format alone is a slow pass over every nonzero)
     Xt = X.T.tocsr()
-    Xt.sum_duplicates()
     n, d = X.shape
     y = cp.ascontiguousarray(y, dtype=cp.float64)
     ws = cp.ascontiguousarray(ws, dtype=cp.float64)
