@@ -141,7 +141,7 @@ def fit_lbfgs_linear(
         memory_ops=backend.lbfgs_memory_ops(),
     )
     x = np.asarray(backend.to_host(x))
-    progress.stage(backend.stage_names.get("coefficients back", "coefficients back"))
+    progress.stage(_stage_name(backend, "coefficients back"))
     return _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve,
                          mean_weight=S / max(n, 1))
 
@@ -361,7 +361,7 @@ def fit_minibatch(
                 xp.asarray(backend.to_device(np.asarray(swv, dtype=np.float64))),
             )
 
-    progress.stage(log_prefix + backend.stage_names.get("upload", "upload"))
+    progress.stage(log_prefix + _stage_name(backend, "upload"))
     # a loss beyond the compute dtype's range is inf where the margins are
     # computed in it (the GPU): diverged on every backend alike
     loss_limit = float(np.finfo(dt).max)
@@ -446,8 +446,14 @@ def fit_minibatch(
             device_model = (out.w, out.V)
         # the sums are read only to continue or pickle the model
         out = backend.get_state(out, lazy=("gw", "gV"))
-    progress.stage(log_prefix + backend.stage_names.get("model back", "model back"))
+    progress.stage(log_prefix + _stage_name(backend, "model back"))
     return out, n_iter, loss_curve, val_curve, device_model
+
+
+def _stage_name(backend, name):
+    """``verbose``'s name on ``backend`` of the copy stage ``name`` (the
+    backend's ``stage_names``: its own, or None for no line)."""
+    return backend.stage_names.get(name, name)
 
 
 def training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol):
