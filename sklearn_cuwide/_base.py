@@ -95,7 +95,8 @@ def _checked_host_X(X):
     return X
 
 
-def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=False):
+def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=False,
+                    plan=True):
     """Validate ``X``, ``y`` and ``sample_weight`` for fit / partial_fit.
 
     Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D numpy)
@@ -114,6 +115,10 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
     trip); ``y`` and ``sample_weight`` come to the host.  On the CPU backend
     cupy input is checked on its device, then copied to the host and
     validated there.  The user's arrays are never modified.
+
+    ``plan``: plan the fit's memory here (:func:`_plan_fit`); a classifier's
+    ``fit`` plans once it has encoded its classes, which it then does not
+    count again.
     """
     if backend.holds(X):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
@@ -157,7 +162,8 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         raise ValueError(
             "The sum of sample_weight must be positive; got all-zero weights."
         )
-    _plan_fit(est, X, y, backend, reset)
+    if plan:
+        _plan_fit(est, X, y, backend, reset)
     return X, y, sw
 
 
@@ -223,18 +229,22 @@ def _available(backend):
     return avail, how
 
 
-def _plan_fit(est, X, y, backend, reset):
+def _plan_fit(est, X, y, backend, reset, n_classes=None):
     """Plan the fit's memory (:func:`sklearn_cuwide._memory.plan_fit`) once
     the input is checked, before anything big is allocated: raise
     :class:`~sklearn_cuwide._memory.InsufficientMemoryError` when it cannot
     fit, else record the plan for the backend (where the layout goes).
+    ``n_classes``: a classifier's classes in ``y`` when the caller counted
+    them (else they are counted here).
 
     ``partial_fit`` counts the early-stopping copies when ``early_stopping``
     is set although it ignores it: its plan errs on the safe side."""
     n_factors = int(getattr(est, "n_factors", 0) or 0)
     if is_classifier(est):
         classes = getattr(est, "classes_", None)
-        n_classes = classes.size if (classes is not None and not reset) else count_labels(y)
+        if n_classes is None:
+            n_classes = (classes.size if (classes is not None and not reset)
+                         else count_labels(y))
         n_classes = max(int(n_classes), 2)
     else:
         n_classes = 2

@@ -16,6 +16,7 @@ from ._base import (
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
+    _plan_fit,
     _schedule,
     _WideClassifierMixin,
     check_weight_range,
@@ -604,8 +605,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
             X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                       backend=backend)
+                                       backend=backend, plan=False)
             classes, y_idx = self._fit_classes(y)
+            _plan_fit(self, X, y, backend, True, n_classes=classes.size)
             sw = self._weights(classes, y, sw)
             progress.stage("input checks")
             n_heads = 1 if classes.size == 2 else classes.size

@@ -15,6 +15,7 @@ from ._base import (
     _check_fit_data,
     _CuWideEstimator,
     _fit_device,
+    _plan_fit,
     _schedule,
     _WideClassifierMixin,
     commit,
@@ -27,6 +28,7 @@ from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
     fit_heads,
+    logit_prior,
     logit_prior_of,
     optimizer_arrays,
     restore_accumulators,
@@ -388,8 +390,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
             X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                       backend=backend)
+                                       backend=backend, plan=False)
             classes, y_idx = self._fit_classes(y)
+            _plan_fit(self, X, y, backend, True, n_classes=classes.size)
             sw = self._weights(classes, y, sw)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes)
@@ -568,8 +571,9 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
         def init_state(_, t, sw_train, seed):
             state = ModelState.zeros(n_features, D, adagrad=adagrad, dtype=COMPUTE_DTYPE)
-            if self.fit_intercept:
-                state.b[:] = _intercept_prior(t.astype(np.intp), sw_train, D)
+            if self.fit_intercept:  # binary: t is 0 / 1, weighed by two products
+                state.b[:] = (logit_prior(t, sw_train) if D == 1
+                              else _intercept_prior(t.astype(np.intp), sw_train, D))
             return state
 
         warm_states = None

@@ -153,10 +153,13 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     X = canonical_csr(X)
     tr = va = None
     if schedule.validation_fraction is not None and uses_validation(
-            schedule.early_stopping, X.shape[0]) and _can_stratify(
-            schedule.early_stopping, stratify):
-        tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
-                                   seed_split)
+            schedule.early_stopping, X.shape[0]):
+        # the classes' sizes, counted once for the check and the split
+        counts = None if stratify is None else np.bincount(np.asarray(stratify, np.intp))
+        if _can_stratify(schedule.early_stopping, stratify, counts):
+            tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
+                                       seed_split, counts)
+    if va is not None:
         # the held-out rows are copied; the training rows are laid out from
         # X where it is (build_layout's rows), never copied on their own
         Xv, swv = _held_out_rows(X, va, backend), sample_weight[va]
@@ -350,9 +353,10 @@ def _seeds(random_state, n=4):
 _SPLIT_CLASS_PASSES = 16
 
 
-def _validation_split(n_samples, validation_fraction, stratify, seed):
+def _validation_split(n_samples, validation_fraction, stratify, seed, counts=None):
     """Indices ``(train, validation)`` for early stopping (each sorted),
-    stratified on ``stratify`` (class indices) for classifiers.
+    stratified on ``stratify`` (class indices) for classifiers;
+    ``counts``: their bincount when the caller has it.
 
     ``ceil(validation_fraction * n_samples)`` rows are held out, as
     scikit-learn's ``StratifiedShuffleSplit`` holds them out; each class
@@ -363,7 +367,8 @@ def _validation_split(n_samples, validation_fraction, stratify, seed):
     """
     n_val = int(np.ceil(validation_fraction * n_samples))
     labels = None if stratify is None else np.asarray(stratify, dtype=np.intp)
-    counts = None if labels is None else np.bincount(labels)
+    if labels is not None and counts is None:
+        counts = np.bincount(labels)
     n_classes = 1 if counts is None else int(np.count_nonzero(counts))
     if n_val < n_classes or n_samples - n_val < n_classes:
         raise ValueError(
@@ -414,15 +419,17 @@ def _fraction_advice(validation_too_small):
     return "Decrease validation_fraction"
 
 
-def _can_stratify(early_stopping, stratify):
+def _can_stratify(early_stopping, stratify, counts=None):
     """Whether the classes (``stratify``, class indices; None for a
     regressor) can be split into a stratified validation split: every class
     needs a sample on both sides.  A class with a single sample cannot:
     ``early_stopping="auto"`` then fits without early stopping (every row
-    trains, the lone sample included), and ``early_stopping=True`` raises."""
+    trains, the lone sample included), and ``early_stopping=True`` raises.
+    ``counts``: the classes' bincount when the caller has it."""
     if stratify is None:
         return True
-    counts = np.bincount(np.asarray(stratify, dtype=np.intp))
+    if counts is None:
+        counts = np.bincount(np.asarray(stratify, dtype=np.intp))
     counts = counts[counts > 0]
     if counts.size == 0 or counts.min() >= 2:
         return True
