@@ -153,11 +153,14 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         sw_like = X
     if y_numeric and y is not None:
         check_float32_range(np.asarray(y, dtype=np.float64), "y")
-    sw = _check_sample_weight(
-        _to_host_if_cupy(sample_weight), sw_like, dtype=np.float64,
-        ensure_non_negative=True,
-    )
-    sw = np.array(sw, dtype=np.float64)  # our own copy, whatever was passed
+    if sample_weight is None and X.shape[0]:  # ones: nothing to check
+        sw = np.ones(X.shape[0], dtype=np.float64)
+    else:
+        sw = _check_sample_weight(
+            _to_host_if_cupy(sample_weight), sw_like, dtype=np.float64,
+            ensure_non_negative=True,
+        )
+        sw = np.array(sw, dtype=np.float64)  # our own copy, whatever was passed
     if not sw.sum() > 0:
         raise ValueError(
             "The sum of sample_weight must be positive; got all-zero weights."

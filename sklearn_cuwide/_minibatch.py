@@ -152,49 +152,61 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     seed_split, seed_layout, seed_epochs, seed_init = _seeds(schedule.random_state)
     X = canonical_csr(X)
     tr = va = None
+    split = False
     if schedule.validation_fraction is not None and uses_validation(
             schedule.early_stopping, X.shape[0]):
         # the classes' sizes, counted once for the check and the split
         counts = None if stratify is None else np.bincount(np.asarray(stratify, np.intp))
-        if _can_stratify(schedule.early_stopping, stratify, counts):
+        split = _can_stratify(schedule.early_stopping, stratify, counts)
+    n_laid = X.shape[0] - (_validation_size(X.shape[0], schedule.validation_fraction)
+                           if split else 0)
+    # the layout's input crosses to the device (and its row order is drawn)
+    # while the rows are split and the step parameters set, which need neither
+    staged = (backend.stage_layout_input(X, n_laid, schedule.shuffle, seed_layout)
+              if warm is None and n_laid else None)
+    try:
+        if split:
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                        seed_split, counts)
-    if va is not None:
-        # the held-out rows are copied; the training rows are laid out from
-        # X where it is (build_layout's rows), never copied on their own
-        Xv, swv = _held_out_rows(X, va, backend), sample_weight[va]
-        sample_weight = sample_weight[tr]
-        progress.stage("validation split")
-    params = make_params(X, sample_weight, tr)
-    # a continued model's epoch over a part of the data (partial_fit) trains
-    # the features the part holds: the other rows of the model are copied
-    # over, not laid out, moved or permuted (O(part), not O(n_features));
-    # the step parameters are those of the whole matrix (sgd's auto step)
-    used = _features_used(X, warm) if warm is not None and va is None else None
-    if used is not None:
-        full, warm = warm, [st.permute_features(used) for st in warm]
-        X = with_columns(X, used)
-    progress.stage("step parameters")
-    sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
-                                                 schedule.batch_size)
-    # a fresh model's first steps move it most: they are taken from the
-    # freshest weights, with the workers added in stages
-    ramp = _concurrency.default_ramp(params.model) if warm is None else 0
-    n_laid = X.shape[0] if tr is None else len(tr)
-    n_batches = -(-n_laid // schedule.batch_size)
-    if n_batches:
-        backend.prepare_fit(X, params, n_outputs, n_factors, n_batches,
-                            backend.concurrent_blocks(schedule.concurrency, params, n_batches),
-                            ramp, COMPUTE_DTYPE)
-    layout = backend.build_layout(
-        X, batch_size=schedule.batch_size, sample_block=sample_block,
-        n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
-        dtype=COMPUTE_DTYPE, rows=tr,
-    )
-    workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
-    plan = _memory.active_plan()  # the model's rows on the device (None: all)
-    model_rows = None if plan is None else plan.model_rows
-    backend.release_cached()  # under a limit the build's freed blocks count against it
+        if va is not None:
+            # the held-out rows are copied; the training rows are laid out from
+            # X where it is (build_layout's rows), never copied on their own
+            Xv, swv = _held_out_rows(X, va, backend), sample_weight[va]
+            sample_weight = sample_weight[tr]
+            progress.stage("validation split")
+        params = make_params(X, sample_weight, tr)
+        # a continued model's epoch over a part of the data (partial_fit) trains
+        # the features the part holds: the other rows of the model are copied
+        # over, not laid out, moved or permuted (O(part), not O(n_features));
+        # the step parameters are those of the whole matrix (sgd's auto step)
+        used = _features_used(X, warm) if warm is not None and va is None else None
+        if used is not None:
+            full, warm = warm, [st.permute_features(used) for st in warm]
+            X = with_columns(X, used)
+        progress.stage("step parameters")
+        sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
+                                                     schedule.batch_size)
+        # a fresh model's first steps move it most: they are taken from the
+        # freshest weights, with the workers added in stages
+        ramp = _concurrency.default_ramp(params.model) if warm is None else 0
+        n_laid = X.shape[0] if tr is None else len(tr)
+        n_batches = -(-n_laid // schedule.batch_size)
+        if n_batches:
+            backend.prepare_fit(X, params, n_outputs, n_factors, n_batches,
+                                backend.concurrent_blocks(schedule.concurrency, params, n_batches),
+                                ramp, COMPUTE_DTYPE)
+        layout = backend.build_layout(
+            X, batch_size=schedule.batch_size, sample_block=sample_block,
+            n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
+            dtype=COMPUTE_DTYPE, rows=tr, staged=staged,
+        )
+        workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
+        plan = _memory.active_plan()  # the model's rows on the device (None: all)
+        model_rows = None if plan is None else plan.model_rows
+        backend.release_cached()  # under a limit the build's freed blocks count against it
+    finally:
+        if staged is not None:  # interrupted: its copies end before its arrays go
+            staged.close()
     progress.stage("layout")
     if va is not None:
         Xv = Xv.result()
@@ -353,6 +365,11 @@ def _seeds(random_state, n=4):
 _SPLIT_CLASS_PASSES = 16
 
 
+def _validation_size(n_samples, validation_fraction):
+    """Rows early stopping holds out: ``ceil(validation_fraction * n_samples)``."""
+    return int(np.ceil(validation_fraction * n_samples))
+
+
 def _validation_split(n_samples, validation_fraction, stratify, seed, counts=None):
     """Indices ``(train, validation)`` for early stopping (each sorted),
     stratified on ``stratify`` (class indices) for classifiers;
@@ -365,7 +382,7 @@ def _validation_split(n_samples, validation_fraction, stratify, seed, counts=Non
     is the host's only per-row pass of an early-stopped fit besides the row
     gathers.
     """
-    n_val = int(np.ceil(validation_fraction * n_samples))
+    n_val = _validation_size(n_samples, validation_fraction)
     labels = None if stratify is None else np.asarray(stratify, dtype=np.intp)
     if labels is not None and counts is None:
         counts = np.bincount(labels)

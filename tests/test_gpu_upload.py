@@ -219,6 +219,15 @@ class _Cuda:
     def get_current_stream(self):
         return self.fake._null
 
+    class Device:  # noqa: N801 - cupy's name
+        """The current device: a scope that changes nothing."""
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
     def alloc_pinned_memory(self, nbytes):
         return _Pinned(nbytes)
 

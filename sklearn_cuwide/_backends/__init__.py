@@ -98,8 +98,18 @@ class Backend(Protocol):
         build's for ``X``'s dtypes, the first epoch's for ``n_batches``,
         ``workers`` and the warm-up ``ramp``); returns at once."""
 
-    def build_layout(self, X, **kw):
-        """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest."""
+    def stage_layout_input(self, X, n_rows, shuffle, random_state):
+        """Start, in the background, what :meth:`build_layout` of ``X`` reads
+        first (``n_rows`` rows laid out, in an order drawn from
+        ``random_state`` when ``shuffle``), so that the fit's host work
+        overlaps it: the CUDA backend copies a host CSR it will build from
+        whole to the device and draws the layout's row order.  Returns a
+        handle for ``build_layout``'s ``staged`` (whose ``close`` waits for
+        the work), or None when nothing was started."""
+
+    def build_layout(self, X, staged=None, **kw):
+        """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest;
+        ``staged``: ``stage_layout_input``'s handle for ``X`` and these rows."""
 
     def put_layout(self, layout):
         """A layout as ``run_epoch`` walks it."""

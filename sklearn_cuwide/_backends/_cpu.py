@@ -122,7 +122,12 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
     """Nothing to start on the CPU (nothing compiles)."""
 
 
-def build_layout(X, **kw):
+def stage_layout_input(X, n_rows, shuffle, random_state):
+    """Nothing to stage: the CPU builds the layout from ``X`` where it is."""
+    return None
+
+
+def build_layout(X, staged=None, **kw):
     """Build the training layout (numpy, on the host)."""
     from .._layout import build_layout as _build
 

@@ -27,7 +27,7 @@ modules mirror ``cuda/``:
 import cupy as cp
 
 from ._factors import draw_factors
-from ._layout import build_layout, put_layout
+from ._layout import build_layout, put_layout, stage_layout_input
 from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._loss import weighted_loss
 from ._predict import decision_function
@@ -65,5 +65,5 @@ __all__ = [
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
     "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",
-    "weighted_loss", "draw_factors", "prepare_fit",
+    "weighted_loss", "draw_factors", "prepare_fit", "stage_layout_input",
 ]

@@ -52,7 +52,19 @@ def _budget(memory_budget):
     return _memory.device_budget(get_config()["device_memory_limit"], *device_memory())[0]
 
 
-def build_layout(X, memory_budget=None, **kw):
+def stage_layout_input(X, n_rows, shuffle, random_state):
+    """Begin the upload of a host CSR that the fit's memory plan builds its
+    layout from whole on the device ("device" and ``csr_whole``), and the
+    draw of the layout's row order: a :class:`._upload.StagedInput` for
+    :func:`build_layout`, or None for any other input or plan."""
+    plan = _memory.active_plan()
+    if (plan is None or plan.layout != "device" or not plan.csr_whole
+            or cpsp.issparse(X) or getattr(X, "format", None) != "csr"):
+        return None
+    return _upload.StagedInput(X, cp, n_rows, shuffle, random_state)
+
+
+def build_layout(X, memory_budget=None, staged=None, **kw):
     """Build the training layout on the GPU (cupy sorts, chunk by chunk).
 
     ``kw``: the keywords of :func:`sklearn_cuwide._layout.build_layout`.
@@ -73,6 +85,9 @@ def build_layout(X, memory_budget=None, **kw):
       tiled on the GPU chunk by chunk into page-locked host memory
       (:func:`._upload.build_from_host` with ``host_out``), which the
       epochs' copies then read where it is.
+
+    ``staged``: :func:`stage_layout_input`'s handle of ``X``, whose upload
+    the "device" build uses (the caller closes it).
     """
     if X.format != "csr":
         X = X.tocsr()
@@ -101,7 +116,7 @@ def build_layout(X, memory_budget=None, **kw):
     if on_device:  # on the device already: nothing to upload
         return _layout.build_layout(X, xp=cp, **kw)
     if site == "device":
-        return _upload.build_on_device(X, cp, **kw)
+        return _upload.build_on_device(X, cp, staged=staged, **kw)
     return _upload.build_from_host(X, cp, **kw)
 
 

@@ -46,8 +46,9 @@ from ... import _layout
 from ..._host import copy_rows
 from ..._validation import HOST_THREADS, host_pool
 
-__all__ = ["PinnedUploader", "build_site", "split_copy", "upload_csr", "build_on_device",
-           "build_from_host", "stream_chunks", "is_pinned", "pinned_empty", "download"]
+__all__ = ["PinnedUploader", "StagedInput", "build_site", "split_copy", "upload_csr",
+           "build_on_device", "build_from_host", "stream_chunks", "is_pinned",
+           "pinned_empty", "download"]
 
 #: device arrays smaller than this come back to the host by one ordinary copy
 DOWNLOAD_MIN_BYTES = 16 << 20
@@ -381,8 +382,49 @@ def upload_csr(X, xp, *, chunk_nnz=1 << 22, fill_threads=None):
     return d_indptr, d_indices, d_data
 
 
+class StagedInput:
+    """What :func:`build_on_device` reads first, begun before it is called:
+    the upload of a host CSR (:func:`upload_csr`, driven from a thread of
+    its own) and the draw of the layout's row order (on the host pool),
+    while the fit goes on with its early-stopping split and its step
+    parameters, which need neither.
+
+    :meth:`take` hands the device arrays and the row order over once (the
+    handle keeps no reference to them after); :meth:`close` waits for the
+    work, so that an interrupted fit's device arrays are freed after their
+    copies end.
+    """
+
+    def __init__(self, X, xp, n_rows, shuffle, random_state, upload_chunk_nnz=1 << 22):
+        self.X, self.n_rows = X, int(n_rows)
+        device = xp.cuda.Device()  # the fit's: the thread's own starts at device 0
+
+        def upload():
+            with device:
+                return upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
+
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-upload")
+        self._csr = self._thread.submit(upload)
+        self._thread.shutdown(wait=False)  # the thread ends with its one task
+        self._order = host_pool().submit(_layout.row_permutation, self.n_rows, shuffle,
+                                         random_state)
+
+    def take(self):
+        """``((indptr, indices, data), row_order)``, waiting for them."""
+        csr, order = self._csr.result(), self._order.result()
+        self._csr = self._order = None
+        return csr, order
+
+    def close(self):
+        """Wait for what is still running (and drop its results)."""
+        for f in (self._csr, self._order):
+            if f is not None:
+                wait([f])
+        self._csr = self._order = None
+
+
 def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
-                    upload_chunk_nnz=1 << 22, **plan_kw):
+                    upload_chunk_nnz=1 << 22, staged=None, **plan_kw):
     """:func:`sklearn_cuwide._layout.build_layout` of a host (scipy) matrix
     with every pass over its nonzeros on the device: the CSR uploaded as it
     is (:func:`upload_csr`), then planned, shuffled and tiled there
@@ -391,15 +433,17 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
     permutation, drawn in a thread while the CSR uploads) and what is
     O(n_rows / batch_size + n_features).  Same
     layout, bit for bit, as the numpy build; the device holds the CSR and
-    the layout until it returns.
+    the layout until it returns.  ``staged``: a :class:`StagedInput` of
+    ``X`` and of these rows, whose upload and row order are used.
     """
     rows = plan_kw.get("rows")
     n_rows = X.shape[0] if rows is None else len(rows)
-    # the row order is host work of O(n_rows): drawn while the CSR crosses
-    order = host_pool().submit(_layout.row_permutation, n_rows,
-                               plan_kw.get("shuffle", False), plan_kw.get("random_state"))
-    indptr, indices, data = upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
-    row_order = order.result()
+    if staged is None:
+        staged = StagedInput(X, xp, n_rows, plan_kw.get("shuffle", False),
+                             plan_kw.get("random_state"), upload_chunk_nnz)
+    elif staged.X is not X or staged.n_rows != n_rows:
+        raise ValueError("the staged input is of another matrix or number of rows")
+    (indptr, indices, data), row_order = staged.take()
     return _layout.build_layout_csr(X.shape, indptr, indices, data, xp=xp, dtype=dtype,
                                     chunk_nnz=chunk_nnz, row_order=row_order, **plan_kw)
 
