@@ -571,13 +571,10 @@ def plan_csr(
     n_source = int(indptr.shape[0]) - 1
     nnz_total = int(indptr[-1]) if n_source else 0
     left_out = None
-    # the rows laid out, where the counts are taken: a device plan's gathers
-    # and masks over them run there (O(n_rows) each, not on the host)
-    rows_xp = None if source_rows is None else xp.asarray(source_rows)
     if source_rows is not None and n_rows < n_source:
-        left_out = xp.ones(n_source, dtype=bool)
-        left_out[rows_xp] = False
-        left_out = xp.flatnonzero(left_out).astype(xp.int64, copy=False)
+        left_out = np.ones(n_source, dtype=bool)
+        left_out[source_rows] = False
+        left_out = xp.asarray(np.flatnonzero(left_out), dtype=xp.int64)
     if kernels is not None:
         counts = kernels.feature_counts(indptr, indices, data, n_features, left_out)
     else:
@@ -627,12 +624,8 @@ def plan_csr(
     batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
     users = None
     if kernels is not None and n_batches:
-        if shuffle:
-            order_xp = xp.asarray(row_order, dtype=xp.int64)
-            users = order_xp if rows_xp is None else rows_xp[order_xp]
-            del order_xp
-        elif rows_xp is not None:
-            users = rows_xp
+        users = _source_rows(row_order, source_rows, shuffle, 0, n_rows)
+        users = None if users is None else xp.asarray(users, dtype=xp.int64)
         np.cumsum(kernels.batch_nnz(indptr, users, n_rows, batch_size),
                   out=batch_nnz_ptr[1:])
     elif n_batches:
