@@ -258,10 +258,11 @@ class _BaseFM(_CuWideEstimator):
 
         def make_params(X, sw_train, rows):
             n_train = X.shape[0] if rows is None else rows.shape[0]
+            # the rows' nonzeros (a pass over the values) size "auto"'s beta alone
+            mean_nnz = (rows_nnz(X, rows, backend) / max(n_train, 1) if self.beta == "auto"
+                        else 1.0)
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
-                                              float(np.sum(sw_train)),
-                                              rows_nnz(X, rows, backend) / max(n_train, 1),
-                                              multiplier)
+                                              float(np.sum(sw_train)), mean_nnz, multiplier)
             return StepParams(
                 model="fm", loss=self._loss, solver=self.solver,
                 learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
