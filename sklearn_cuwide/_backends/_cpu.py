@@ -246,6 +246,17 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
     dt = state.w.dtype
     D = state.w.shape[1]
 
+    # the block's nonzeros run feature by feature: each feature's run starts
+    # at a head; a factorization machine's sums over them are sparse products
+    # (scipy's loops in C) with one row of factors per feature, not per nonzero
+    heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1]))) if f.size else f
+    F = f[heads]
+    if params.model == "fm" and f.size:
+        run_ptr = np.append(heads, f.size)
+        VF = state.V[F].astype(np.float64)  # (features, k)
+        # rows x features, the values where they lie
+        A = sp.csr_matrix((x, r, run_ptr), shape=(F.size, m)).T.tocsr()
+
     # ---- aggregate: feature -> sample ----
     margin = np.zeros((m, D))
     if params.fit_linear:
@@ -254,10 +265,13 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
         else:
             margin += _bincount2(r, state.w[f] * x[:, None], m)
     if params.model == "fm":
-        Vf = state.V[f].astype(np.float64)
-        xv = Vf * x[:, None]
-        s = _bincount2(r, xv, m)
-        q = np.bincount(r, weights=(xv * xv).sum(1), minlength=m)
+        if f.size:
+            s = A @ VF  # per row: sum of x_i v_i
+            A.data *= A.data  # x_i^2, for the sum of (x_i v_i)^2
+            q = A @ np.einsum("ij,ij->i", VF, VF)
+            del A
+        else:
+            s, q = np.zeros((m, state.V.shape[1])), np.zeros(m)
         margin[:, 0] += 0.5 * ((s * s).sum(1) - q)
     if params.fit_intercept:
         margin += state.b
@@ -269,8 +283,6 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
 
     # ---- apply: sample -> feature ----
     if f.size:
-        heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1])))
-        F = f[heads]
         er = e[r]  # (nnz, D)
         ps = 1.0 if pscale is None else pscale[F][:, None]  # a column: per feature
         if params.fit_linear:
@@ -280,10 +292,10 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
             _update(state.w, state.gw, F, _cast(gw, dt), params, params.l1 * ps, l2)
         if params.model == "fm":
             l2 = params.l2_v * ps
-            e0 = er[:, 0]
-            gV = np.add.reduceat(
-                (e0 * x)[:, None] * s[r] - Vf * (e0 * x * x)[:, None], heads, axis=0
-            )
+            ex = er[:, 0] * x
+            # per feature: sum of e x s(row), less its factors times sum of e x^2
+            B = sp.csr_matrix((ex, r, run_ptr), shape=(F.size, m))
+            gV = B @ s - VF * np.add.reduceat(ex * x, heads)[:, None]
             gV += l2 * state.V[F]
             _update(state.V, state.gV, F, _cast(gV, dt), params, 0.0, l2)
     if params.fit_intercept:
