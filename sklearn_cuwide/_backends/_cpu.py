@@ -190,13 +190,6 @@ def scatter_rows(dev, ids, host):
 # --------------------------------------------------------------------------
 # the mini-batch step
 # --------------------------------------------------------------------------
-def _bincount2(r, vals, m):
-    """Per-row sums of a (nnz, d) array: out[i] = sum_{r == i} vals."""
-    d = vals.shape[1]
-    idx = (r[:, None] * d + np.arange(d)).ravel()
-    return np.bincount(idx, weights=vals.ravel(), minlength=m * d).reshape(m, d)
-
-
 def _update(P, G, F, g, params, l1, l2):
     """Fused sgd/adagrad update (+ L1 prox) of rows F of P (F unique).
 
@@ -247,32 +240,32 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
     D = state.w.shape[1]
 
     # the block's nonzeros run feature by feature: each feature's run starts
-    # at a head; a factorization machine's sums over them are sparse products
-    # (scipy's loops in C) with one row of factors per feature, not per nonzero
+    # at a head.  The sums over them are sparse products (scipy's loops in C)
+    # with one row of weights or factors per feature, not per nonzero
     heads = np.flatnonzero(np.concatenate(([True], f[1:] != f[:-1]))) if f.size else f
     F = f[heads]
-    if params.model == "fm" and f.size:
-        run_ptr = np.append(heads, f.size)
-        VF = state.V[F].astype(np.float64)  # (features, k)
-        # rows x features, the values where they lie
-        A = sp.csr_matrix((x, r, run_ptr), shape=(F.size, m)).T.tocsr()
+    run_ptr = np.append(heads, f.size)
+    # a linear model of one output sums a number per nonzero: bincount does
+    sparse = params.model == "fm" or D > 1
+    if sparse:
+        At = sp.csr_matrix((x, r, run_ptr), shape=(F.size, m))  # features x rows: the values
+        A = At.T.tocsr()  # rows x features: each row's entries in the block's order
 
     # ---- aggregate: feature -> sample ----
     margin = np.zeros((m, D))
     if params.fit_linear:
-        if D == 1:
+        if sparse:
+            margin += A @ state.w[F].astype(np.float64)
+        else:
             margin[:, 0] = np.bincount(r, weights=state.w[f, 0] * x, minlength=m)
-        else:
-            margin += _bincount2(r, state.w[f] * x[:, None], m)
     if params.model == "fm":
-        if f.size:
-            s = A @ VF  # per row: sum of x_i v_i
-            A.data *= A.data  # x_i^2, for the sum of (x_i v_i)^2
-            q = A @ np.einsum("ij,ij->i", VF, VF)
-            del A
-        else:
-            s, q = np.zeros((m, state.V.shape[1])), np.zeros(m)
+        VF = state.V[F].astype(np.float64)  # (features, k)
+        s = A @ VF  # per row: the sum of x_i v_i
+        A.data *= A.data  # x_i^2, for the sum of (x_i v_i)^2
+        q = A @ np.einsum("ij,ij->i", VF, VF)
         margin[:, 0] += 0.5 * ((s * s).sum(1) - q)
+    if sparse:
+        del A
     if params.fit_intercept:
         margin += state.b
 
@@ -283,17 +276,17 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
 
     # ---- apply: sample -> feature ----
     if f.size:
-        er = e[r]  # (nnz, D)
         ps = 1.0 if pscale is None else pscale[F][:, None]  # a column: per feature
         if params.fit_linear:
             l2 = params.l2_w * ps
-            gw = np.add.reduceat(er * x[:, None], heads, axis=0)
+            # per feature: the sum of x e(row)
+            gw = At @ e if sparse else np.add.reduceat(e[r] * x[:, None], heads, axis=0)
             gw += l2 * state.w[F]
             _update(state.w, state.gw, F, _cast(gw, dt), params, params.l1 * ps, l2)
         if params.model == "fm":
             l2 = params.l2_v * ps
-            ex = er[:, 0] * x
-            # per feature: sum of e x s(row), less its factors times sum of e x^2
+            ex = e[r, 0] * x
+            # per feature: the sum of e x s(row), less its factors times the sum of e x^2
             B = sp.csr_matrix((ex, r, run_ptr), shape=(F.size, m))
             gV = B @ s - VF * np.add.reduceat(ex * x, heads)[:, None]
             gV += l2 * state.V[F]
