@@ -406,6 +406,75 @@ def test_uploaded_then_built_on_the_device(shuffle):
         assert isinstance(getattr(B, name), _Dev), name
 
 
+@pytest.mark.parametrize("rows", [False, True])
+def test_staged_upload_then_built_on_the_device(rows):
+    """The upload and the row order begun before the build (StagedInput, the
+    fit's early start) build the layout the host builds; a handle of other
+    rows is refused, and a handle closed before its results were taken
+    waits for its work and keeps nothing."""
+    up = _upload_module()
+    X = _problem(np.random.default_rng(5))
+    kw = _kw(True, 64, 30)
+    if rows:  # an early-stopping split's training rows
+        kw["rows"] = np.sort(np.random.default_rng(6).choice(X.shape[0], 900, replace=False))
+    n = X.shape[0] if not rows else 900
+    fake = _FakeCupy()
+    staged = up.StagedInput(X, fake, n, True, kw["random_state"], upload_chunk_nnz=1999)
+    B = up.build_on_device(X, fake, chunk_nnz=701, staged=staged, **kw)
+    _assert_same(build_layout(X, **kw), B, "staged")
+    staged.close()  # taken already: nothing left to wait for
+    other = up.StagedInput(X, fake, n + 1, True, kw["random_state"])
+    with pytest.raises(ValueError, match="another matrix or number of rows"):
+        up.build_on_device(X, fake, staged=other, **kw)
+    other.close()
+    assert other._csr is None and other._order is None
+
+
+def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
+    """fit_heads hands the backend's staged input to build_layout and closes
+    it after, and closes it too when the fit fails before the build."""
+    from sklearn_cuwide import GPULogisticRegression
+    from sklearn_cuwide._backends import _cpu
+
+    handles = []
+
+    class Handle:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    def stage(X, n_rows, shuffle, random_state):
+        handles.append(Handle())
+        handles[-1].n_rows = n_rows
+        return handles[-1]
+
+    built = []
+    real_build = _cpu.build_layout
+
+    def build(X, staged=None, **kw):
+        built.append(staged)
+        return real_build(X, **kw)
+
+    monkeypatch.setattr(_cpu, "stage_layout_input", stage)
+    monkeypatch.setattr(_cpu, "build_layout", build)
+    X = _problem(np.random.default_rng(7), n=12_000, d=300)
+    y = np.random.default_rng(8).integers(0, 2, X.shape[0])
+    GPULogisticRegression(solver="adagrad", max_iter=2, tol=None, device="cpu",
+                          random_state=0).fit(X, y)
+    # early stopping from 10,000 rows: the rows laid out are the training rows
+    assert built == [handles[0]] and handles[0].closed
+    assert handles[0].n_rows == X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
+
+    def fail(*a, **kw):
+        raise RuntimeError("the build failed")
+
+    monkeypatch.setattr(_cpu, "build_layout", fail)
+    with pytest.raises(RuntimeError, match="the build failed"):
+        GPULogisticRegression(solver="adagrad", max_iter=2, tol=None, device="cpu").fit(X, y)
+    assert len(handles) == 2 and handles[1].closed
+
+
 def test_build_site():
     """Where the CUDA backend builds a layout: on the device from the
     uploaded CSR when the CSR and the layout fit; else the host plan with
