@@ -29,7 +29,6 @@ from ._minibatch import (
     auto_learning_rate,
     fit_heads,
     logit_prior,
-    logit_prior_of,
     optimizer_arrays,
     restore_accumulators,
     validation_attrs,
@@ -571,9 +570,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
 
         def init_state(_, t, sw_train, seed):
             state = ModelState.zeros(n_features, D, adagrad=adagrad, dtype=COMPUTE_DTYPE)
-            if self.fit_intercept:  # binary: t is 0 / 1, weighed by two products
-                state.b[:] = (logit_prior(t, sw_train) if D == 1
-                              else _intercept_prior(t.astype(np.intp), sw_train, D))
+            if self.fit_intercept:
+                state.b[:] = _intercept_prior(t, sw_train, D)
             return state
 
         warm_states = None
@@ -621,11 +619,12 @@ def _intercept_prior(y_idx, sw, n_outputs):
     """Intercepts of the weighted class prior (the model with zero weights);
     a class with no weight in the rows starts at the present classes' mean
     log-rate (:func:`logit_prior`'s rule: no rate, no prior; a
-    ``partial_fit`` call's rows may lack a class)."""
-    # each class's weight in one pass (binary: the negatives' and the positives')
-    w = np.bincount(y_idx, weights=sw, minlength=max(n_outputs, 2))
-    if n_outputs == 1:
-        return logit_prior_of(float(w[1]), float(w[0]))
+    ``partial_fit`` call's rows may lack a class); ``y_idx``: class
+    indices, integers or floats."""
+    if n_outputs == 1:  # the positives' and the negatives' weights: two products
+        return logit_prior(y_idx, sw)
+    # each class's weight in one pass
+    w = np.bincount(np.asarray(y_idx, dtype=np.intp), weights=sw, minlength=n_outputs)
     present = w > 0
     lp = np.zeros(n_outputs)
     lp[present] = np.log(np.clip(w[present] / w.sum(), 1e-6, None))

@@ -189,7 +189,6 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         # a fresh model's first steps move it most: they are taken from the
         # freshest weights, with the workers added in stages
         ramp = _concurrency.default_ramp(params.model) if warm is None else 0
-        n_laid = X.shape[0] if tr is None else len(tr)
         n_batches = -(-n_laid // schedule.batch_size)
         if n_batches:
             backend.prepare_fit(X, params, n_outputs, n_factors, n_batches,

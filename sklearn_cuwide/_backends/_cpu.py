@@ -264,8 +264,6 @@ def sblock_step(layout, g, y, sw, w_batch, state, params):
         A.data *= A.data  # x_i^2, for the sum of (x_i v_i)^2
         q = A @ np.einsum("ij,ij->i", VF, VF)
         margin[:, 0] += 0.5 * ((s * s).sum(1) - q)
-    if sparse:
-        del A
     if params.fit_intercept:
         margin += state.b
 

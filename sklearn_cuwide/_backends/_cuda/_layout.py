@@ -57,11 +57,21 @@ def stage_layout_input(X, n_rows, shuffle, random_state):
     layout from whole on the device ("device" and ``csr_whole``), and the
     draw of the layout's row order: a :class:`._upload.StagedInput` for
     :func:`build_layout`, or None for any other input or plan."""
-    plan = _memory.active_plan()
-    if (plan is None or plan.layout != "device" or not plan.csr_whole
-            or cpsp.issparse(X) or getattr(X, "format", None) != "csr"):
+    if (cpsp.issparse(X) or getattr(X, "format", None) != "csr"
+            or _planned_site(_memory.active_plan(), on_device=False) != "device"):
         return None
     return _upload.StagedInput(X, cp, n_rows, shuffle, random_state)
+
+
+def _planned_site(plan, on_device):
+    """Where the fit's memory plan builds the layout: "device" (from the
+    whole CSR there), "host_plan" (planned on the host, its chunks
+    uploaded), "host", or None without a plan that says."""
+    if plan is None or plan.layout is None:
+        return None
+    if plan.layout != "device":
+        return "host"
+    return "device" if on_device or plan.csr_whole else "host_plan"
 
 
 def build_layout(X, memory_budget=None, staged=None, **kw):
@@ -93,17 +103,14 @@ def build_layout(X, memory_budget=None, staged=None, **kw):
         X = X.tocsr()
     on_device = bool(cpsp.issparse(X))
     plan = _memory.active_plan()
-    planned = memory_budget is None and plan is not None and plan.layout is not None
-    if planned and plan.layout != "device":
-        site = "host"
+    site = _planned_site(plan, on_device) if memory_budget is None else None
+    if site == "host":
         if plan.build_chunk_nnz is not None and not on_device:
             # streamed: tiled on the GPU a chunk at a time into pinned memory
             kw["chunk_nnz"] = plan.build_chunk_nnz
             kw["kernels"] = CudaBuildKernels(kw.get("dtype", np.float32))
             return _upload.build_from_host(X, cp, host_out=True, **kw)
-    elif planned:  # the build the plan counted
-        site = "device" if on_device or plan.csr_whole else "host_plan"
-    else:
+    elif site is None:  # no plan: where it fits the budget
         site = _upload.build_site(int(X.nnz), X.shape[0], X.indices.dtype.itemsize,
                                   X.data.dtype.itemsize, _budget(memory_budget),
                                   on_device=on_device)
