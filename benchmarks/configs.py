@@ -48,6 +48,14 @@ TORCH_GRIDS = {
         "tune_epochs": None,
     },
 }
+#: our adagrad logistic regression's grids, tuned as the PyTorch baselines
+#: are (the same run's grid name, tuning rows and epochs, best test AUC):
+#: learning rate x ``C``.  PyTorch's models have no penalty; ours have one,
+#: and its strength is part of the setting a user would tune.
+LR_GRIDS = {
+    "full": {"learning_rates": (0.02, 0.05, 0.1, 0.2), "C": (0.01, 0.03, 0.1, 1.0)},
+    "small": {"learning_rates": (LEARNING_RATE,), "C": (C_LR,)},
+}
 #: AUC differences below this are ties (the grid then prefers the faster)
 AUC_TIE = 1e-4
 
@@ -152,4 +160,5 @@ def make_config(mode, smoke=False, **overrides):
                startup_models=STARTUP_MODELS["smoke" if smoke else mode])
     if isinstance(cfg.get("torch_grid"), str):
         cfg["torch_grid"] = dict(TORCH_GRIDS[cfg["torch_grid"]], name=cfg["torch_grid"])
+    cfg.setdefault("lr_grid", LR_GRIDS[(cfg.get("torch_grid") or {}).get("name", "small")])
     return cfg

@@ -248,8 +248,9 @@ def _setting(r):
     st = r.get("settings") or {}
     if isinstance(st, str):  # scikit-learn's fits say theirs in words
         return st
-    return ", ".join(f"{k}={st[k]}" for k in ("solver", "concurrency", "n_factors")
-                     if k in st)
+    keys = ("solver", "concurrency", "n_factors") + (
+        ("learning_rate", "C") if r.get("grid") else ())  # a tuned row says its setting
+    return ", ".join(f"{k}={st[k]}" for k in keys if k in st)
 
 
 def end_to_end_table(entry):
@@ -312,6 +313,24 @@ def epochs_table(entry):
     return "\n".join(rows)
 
 
+def lr_grid_table(r):
+    """Our tuned logistic regression's grid: every learning rate x C tried,
+    the chosen one marked."""
+    grid = r.get("grid") or []
+    if not grid:
+        return ""
+    on = r.get("tuned_on") or {}
+    rows = [f"{r.get('label', 'ours')}: the grid (tuned as PyTorch's, on "
+            f"{_f(on.get('rows'), ',')} rows, {on.get('epochs', '?')} epoch(s); best test AUC, "
+            "ties within 1e-4 by the time to it)", "",
+            "| rate | C | best test AUC | time to it s | chosen |", "|---:|---:|---:|---:|---|"]
+    for i, t in enumerate(grid):
+        rows.append(f"| {_f(t.get('learning_rate'), 'g')} | {_f(t.get('C'), 'g')} | "
+                    f"{_f(t.get('best_auc'), '.4f')} | {_f(t.get('time_to_best_s'), '.3g')} | "
+                    f"{'yes' if i == r.get('grid_best') else ''} |")
+    return "\n".join(rows)
+
+
 def torch_grid_table(r):
     """A PyTorch baseline's grid: every setting tried, the chosen one marked."""
     grid = r.get("grid") or []
@@ -366,6 +385,9 @@ def _md_systems(res, part, title):
             g = torch_grid_table(entry["systems"].get(sid, {}))
             if g:
                 L += [g, ""]
+        g = lr_grid_table(entry["systems"].get("ours_lr_adagrad", {}))
+        if g:
+            L += [g, ""]
     if part == "real":
         L += _md_real_summary(block)
         info = res.get("real_info") or {}

@@ -430,7 +430,9 @@ def _notes(cfg, sk_workers):
     return [
         f"Mini-batch systems: batch_size {BATCH}, learning rate {LEARNING_RATE} (adagrad; "
         f"sgd's 'auto' from the data), {cfg['epochs']} epochs on synthetic data, "
-        f"{cfg['real_epochs']} on the real datasets; LR C={C_LR} everywhere; FM alpha/beta "
+        f"{cfg['real_epochs']} on the real datasets; LR C={C_LR}, except our adagrad LR, "
+        "whose learning rate and C are tuned as the PyTorch baselines are (its grid is "
+        "shown); FM alpha/beta "
         f"{tuple(cfg['fm_l2'])} (synthetic), (3e-4, 3e-4) (real). The rows named 'defaults' fit "
         "the estimators at their default parameters.",
         "ours (epochs): sklearn_cuwide._profiling.time_epochs, the estimator's own fit code "

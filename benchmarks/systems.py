@@ -111,6 +111,7 @@ class Ctx:
         self.budget_s = float(cfg["budget_s"] if budget_s is None else budget_s)
         self.deadline = self.t0 + self.budget_s
         self.warmed = set()
+        self.tuned = {}  # data set key -> our LR's tuned setting (tune_lr)
         self.compile_s = {}
         self.notes = []
         self.dead = None  # why the GPU stopped working, once it did
@@ -304,9 +305,22 @@ def system_list(ctx, data, *, real):
             out.append((sid, label, family, thunk))
 
     def lr(solver, **kw):
-        rate = LEARNING_RATE if solver == "adagrad" else "auto"
-        return lambda: GPULogisticRegression(solver=solver, C=C_LR, learning_rate=rate,
+        if solver == "adagrad":  # at its tuned setting, as PyTorch's LR
+            def make():
+                t = tune_lr(ctx, data, epochs)
+                return GPULogisticRegression(solver=solver, C=t["C"],
+                                             learning_rate=t["learning_rate"], **mb, **kw)
+            return make
+        return lambda: GPULogisticRegression(solver=solver, C=C_LR, learning_rate="auto",
                                              **mb, **kw)
+
+    def tuned(thunk):  # the record with the grid that chose its setting
+        def run():
+            rec = thunk()
+            t = tune_lr(ctx, data, epochs)
+            rec.update(grid=t["grid"], grid_best=t["grid_best"], tuned_on=t["tuned_on"])
+            return rec
+        return run
 
     def fm(**kw):
         return lambda: GPUFactorizationMachine(n_factors=k, learning_rate=LEARNING_RATE,
@@ -321,7 +335,7 @@ def system_list(ctx, data, *, real):
 
     if data.task == "binary":
         add("ours_lr_adagrad", "ours LR adagrad (epochs)", "LR", ("kernel",),
-            epochs_of(lr("adagrad", concurrency="auto")))
+            tuned(epochs_of(lr("adagrad", concurrency="auto"))))
         if not real:
             add("ours_lr_sgd", "ours LR sgd (epochs, concurrency=auto)", "LR",
                 ("kernel", "sgd"), epochs_of(lr("sgd", concurrency="auto")))
@@ -334,7 +348,7 @@ def system_list(ctx, data, *, real):
         add("ours_fm_scaled", f"ours FM{k} adagrad (epochs, concurrency=max, scale_penalty)",
             "FM", ("kernel",), epochs_of(fm(concurrency="max", scale_penalty=True)))
         add("est_lr_adagrad", "ours GPULogisticRegression adagrad (fit)", "LR-fit",
-            ("estimators",), fit_of(lr("adagrad", max_iter=epochs, tol=1e-4)))
+            ("estimators",), tuned(fit_of(lr("adagrad", max_iter=epochs, tol=1e-4))))
         if not real:
             add("est_lr_sgd", "ours GPULogisticRegression sgd (fit)", "LR-fit",
                 ("estimators", "sgd"), fit_of(lr("sgd", max_iter=epochs, tol=1e-4)))
@@ -371,6 +385,45 @@ def system_list(ctx, data, *, real):
         add("est_fm_reg_default", "ours GPUFactorizationMachineRegressor() defaults (fit)",
             "FM-fit", ("estimators", "regression", "defaults"),
             fit_of(lambda: GPUFactorizationMachineRegressor(random_state=0, device=dev)))
+    return out
+
+
+def tune_lr(ctx, data, epochs):
+    """Our adagrad logistic regression's setting on ``data``, tuned as the
+    PyTorch baselines are (:func:`run_torch`): every learning rate x ``C`` of
+    the run's ``lr_grid`` trained on the PyTorch grid's tuning rows and
+    epochs (at most the run's ``epochs``), the best by test AUC
+    (:func:`select_best`).  Once per data set:
+    ``{"learning_rate", "C", "grid", "grid_best", "tuned_on"}``."""
+    from sklearn_cuwide import GPULogisticRegression
+    from sklearn_cuwide._profiling import time_epochs
+
+    if data.key in ctx.tuned:
+        return ctx.tuned[data.key]
+    grid = ctx.cfg["lr_grid"]
+    settings = [(r, c) for r in grid["learning_rates"] for c in grid["C"]]
+    tg = ctx.cfg.get("torch_grid") or {}
+    rows = min(data.n, tg.get("tune_rows") or data.n)
+    epochs = min(epochs, tg.get("tune_epochs") or epochs)
+    tried = []
+    if len(settings) > 1:
+        d = data if rows == data.n else data.rows(rows)
+        for rate, c in settings:
+            est = GPULogisticRegression(solver="adagrad", C=c, learning_rate=rate,
+                                        batch_size=BATCH, random_state=0, device=ctx.device)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t = time_epochs(est, d.X, d.y, epochs=epochs, eval_X=d.Xt)
+            total, curve = t.setup_s, []
+            for s, z in zip(t.epoch_s, t.eval_decision):
+                total += s
+                curve.append({"time_s": total, **metrics(d.task, d.yt, z)})
+            auc, when = peak_auc(curve)
+            tried.append({"learning_rate": rate, "C": c, "best_auc": auc, "time_to_best_s": when})
+    i = select_best(tried) if tried else None
+    rate, c = settings[0] if i is None else (tried[i]["learning_rate"], tried[i]["C"])
+    ctx.tuned[data.key] = out = {"learning_rate": rate, "C": c, "grid": tried,
+                                 "grid_best": i, "tuned_on": {"rows": rows, "epochs": epochs}}
     return out
 
 

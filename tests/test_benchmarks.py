@@ -238,6 +238,38 @@ def test_torch_baselines_on_the_cpu():
     assert rec["fit_s"] == rec["grid"][rec["grid_best"]]["fit_s"]
 
 
+def test_lr_tuned_as_peers():
+    """Our adagrad LR's rows run at the setting its grid chose on the tuning
+    rows (the best test AUC of every rate x C), tuned once per data set."""
+    from benchmarks.configs import make_config
+    from benchmarks.data import DataPool
+    from benchmarks.systems import Ctx, select_best, system_list, tune_lr
+
+    pool = DataPool(300, log=lambda *a: None)
+    data = pool.get("binary", 10, 1000)
+    grid = {"optimizers": ("adagrad",), "batch_sizes": (128,), "learning_rates": (0.05,),
+            "tune_rows": 600, "tune_epochs": 1}
+    lr_grid = {"learning_rates": (0.01, 0.2), "C": (0.001, 1.0)}
+    ctx = Ctx(False, make_config("cpu", smoke=True, torch_grid=grid, lr_grid=lr_grid))
+    t = tune_lr(ctx, data, 2)
+    assert t["tuned_on"] == {"rows": 600, "epochs": 1}
+    assert [(g["learning_rate"], g["C"]) for g in t["grid"]] == [
+        (0.01, 0.001), (0.01, 1.0), (0.2, 0.001), (0.2, 1.0)]
+    assert all(0 < g["best_auc"] < 1 for g in t["grid"])
+    assert t["grid_best"] == select_best(t["grid"])
+    chosen = t["grid"][t["grid_best"]]
+    assert (t["learning_rate"], t["C"]) == (chosen["learning_rate"], chosen["C"])
+    assert tune_lr(ctx, data, 2) is t  # once per data set
+    thunks = {sid: thunk for sid, _, _, thunk in system_list(ctx, data, real=False)}
+    rec = thunks["est_lr_adagrad"]()
+    assert (rec["settings"]["learning_rate"], rec["settings"]["C"]) == (
+        t["learning_rate"], t["C"])
+    assert rec["grid"] == t["grid"] and rec["grid_best"] == t["grid_best"]
+    # a grid of one setting is not run
+    one = Ctx(False, make_config("cpu", smoke=True))
+    assert tune_lr(one, data, 2)["grid"] == []
+
+
 def test_grid_selection():
     """The best setting: the highest test AUC; within AUC_TIE of it, the
     fastest to reach its own; settings without a finite AUC never."""
