@@ -14,8 +14,13 @@ import numpy as np
 
 from ._validation import HOST_THREADS, host_pool
 
+try:  # scipy's one-pass check behind ``has_canonical_format`` (private, stable for years)
+    from scipy.sparse._sparsetools import csr_has_canonical_format as _csr_canonical
+except ImportError:  # pragma: no cover - then the property itself, on one core
+    _csr_canonical = None
+
 __all__ = ["PARALLEL_BYTES", "run_count", "each_run", "take_rows", "all_finite",
-           "copy_rows"]
+           "copy_rows", "csr_is_canonical"]
 
 #: arrays smaller than this are one numpy call (threads cost more than they save)
 PARALLEL_BYTES = 1 << 26
@@ -102,3 +107,25 @@ def copy_rows(dst, src):
         return dst
     _each(lambda s, e: np.copyto(dst[s:e], src[s:e]), _runs(dst.shape[0], dst.nbytes))
     return dst
+
+
+def csr_is_canonical(X):
+    """``X.has_canonical_format`` of a scipy CSR matrix (every row's indices
+    strictly increasing), read over runs of rows on the host pool when scipy
+    does not know it yet, and remembered on ``X`` as scipy's property
+    remembers it.  Rows are independent, so the runs' answers combine with
+    ``and``; scipy's own pass is one core (6.3 s for 5e9 nonzeros)."""
+    if (_csr_canonical is None or hasattr(X, "_has_canonical_format")
+            or not getattr(X, "_has_sorted_indices", True)):
+        return bool(X.has_canonical_format)
+    indptr, indices = X.indptr, X.indices
+
+    def run(start, stop):
+        ptr = indptr[start:stop + 1]
+        lo, hi = int(ptr[0]), int(ptr[-1])
+        return bool(_csr_canonical(stop - start, (ptr - lo).astype(indices.dtype, copy=False),
+                                   indices[lo:hi]))
+
+    ok = all(_each(run, _runs(X.shape[0], indices.nbytes)))
+    X.has_canonical_format = ok
+    return ok

@@ -3,6 +3,8 @@
 import numpy as np
 import scipy.sparse as sp
 
+from ._host import csr_is_canonical
+
 __all__ = ["canonical_csr", "held_columns", "with_columns"]
 
 
@@ -22,7 +24,7 @@ def canonical_csr(X, dtype=None):
         X = sp.csr_matrix(np.asarray(X))
     elif X.format != "csr":
         X = X.tocsr()  # a new matrix
-    if not X.has_canonical_format:
+    if not (csr_is_canonical(X) if sp.issparse(X) else X.has_canonical_format):
         X = X.copy()  # never sort the user's matrix in place
         X.sum_duplicates()
     if dtype is not None and X.dtype != dtype:

@@ -105,3 +105,35 @@ def test_take_rows_refuses_a_mask_and_copy_rows_overlapping_arrays():
         _host.take_rows(a, a > 4)
     with pytest.raises(ValueError, match="do not overlap"):
         _host.copy_rows(a[1:], a[:-1])
+
+
+@pytest.mark.parametrize("fault", [None, "unsorted", "duplicate", "last-row", "first-row"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_csr_is_canonical_is_scipys_answer_and_remembered(runs, fault, dtype):
+    """The runs' answer is scipy's ``has_canonical_format`` of the whole
+    matrix wherever the fault is (a run's edge rows included), and it is
+    remembered on the matrix as scipy remembers it."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    n, k = 12, 4
+    indices = np.sort(rng.choice(50, (n, k), replace=True) + 50 * np.arange(k), axis=1)
+    row = {"unsorted": 5, "duplicate": 7, "last-row": n - 1, "first-row": 0}.get(fault)
+    if fault == "unsorted" or fault == "last-row":
+        indices[row, [1, 2]] = indices[row, [2, 1]]
+    elif fault in ("duplicate", "first-row"):
+        indices[row, 2] = indices[row, 1]
+    lens = np.full(n, k)
+    lens[3] = 0  # an empty row
+    ptr = np.concatenate([[0], np.cumsum(lens)]).astype(dtype)
+    flat = np.concatenate([indices[i, :lens[i]] for i in range(n)]).astype(dtype)
+
+    def matrix():
+        return sp.csr_matrix((np.ones(flat.size), flat, ptr), shape=(n, 200), copy=False)
+
+    X, ref = matrix(), matrix()
+    assert not hasattr(X, "_has_canonical_format")
+    assert _host.csr_is_canonical(X) is (fault is None) is ref.has_canonical_format
+    assert X._has_canonical_format is ref.has_canonical_format
+    X.has_canonical_format = not ref.has_canonical_format  # what scipy knows is read, not redone
+    assert _host.csr_is_canonical(X) is (not ref.has_canonical_format)
