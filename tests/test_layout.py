@@ -242,3 +242,39 @@ def test_penalty_scale_counts_the_sample_blocks_holding_each_feature(n_hot_max):
     np.testing.assert_allclose(got, want[L.feature_order], rtol=1e-6)
     assert got[L.feature_rank[10]] == 0.0
     assert got[L.feature_rank[3]] == pytest.approx(L.n_batches / L.n_sblocks)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 17, 1024, 1025, 100_003])
+def test_row_permutation_is_a_seeded_permutation_cut_into_runs(n, monkeypatch):
+    """Every row once, the same for a seed however the rows are cut into
+    runs on threads, another for another seed, the identity unshuffled."""
+    from sklearn_cuwide import _host
+    from sklearn_cuwide._layout import row_permutation
+
+    one = row_permutation(n, True, 7)
+    assert one.dtype == np.int64 and np.array_equal(np.sort(one), np.arange(n))
+    np.testing.assert_array_equal(row_permutation(n, False, 7), np.arange(n))
+    monkeypatch.setattr(_host, "PARALLEL_BYTES", 1)
+    monkeypatch.setattr(_host, "HOST_THREADS", 3)
+    np.testing.assert_array_equal(row_permutation(n, True, 7), one)
+    if n >= 17:
+        assert not np.array_equal(row_permutation(n, True, 8), one)
+
+
+def test_row_permutation_leaves_no_trace_of_the_row_order():
+    """Sorted input (by label, by time) must come out mixed: the order is
+    uncorrelated with the row index, neighbours land far apart, and about
+    one row stays in place, as for a uniform permutation."""
+    from sklearn_cuwide._layout import row_permutation
+
+    n = 200_000
+    fixed = []
+    for seed in range(5):
+        p = row_permutation(n, True, seed)
+        assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.01
+        # the first tenth of the rows spread over every tenth of the order
+        counts = np.bincount(p[: n // 10] * 10 // n, minlength=10)
+        assert counts.min() > 0.09 * (n // 10)
+        assert np.median(np.abs(np.diff(p))) > n / 10
+        fixed.append(int(np.count_nonzero(p == np.arange(n))))
+    assert max(fixed) <= 6

@@ -385,7 +385,7 @@ def upload_csr(X, xp, *, chunk_nnz=1 << 22, fill_threads=None):
 class StagedInput:
     """What :func:`build_on_device` reads first, begun before it is called:
     the upload of a host CSR (:func:`upload_csr`, driven from a thread of
-    its own) and the draw of the layout's row order (on the host pool),
+    its own) and the draw of the layout's row order (another thread),
     while the fit goes on with its early-stopping split and its step
     parameters, which need neither.
 
@@ -403,11 +403,13 @@ class StagedInput:
             with device:
                 return upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
 
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-upload")
+        # threads of their own: both hand runs to the host pool (its fills, the
+        # order's runs), which a task of that pool must not wait on
+        self._thread = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuwide-stage")
         self._csr = self._thread.submit(upload)
-        self._thread.shutdown(wait=False)  # the thread ends with its one task
-        self._order = host_pool().submit(_layout.row_permutation, self.n_rows, shuffle,
-                                         random_state)
+        self._order = self._thread.submit(_layout.row_permutation, self.n_rows, shuffle,
+                                          random_state)
+        self._thread.shutdown(wait=False)  # the threads end with their tasks
 
     def take(self):
         """``((indptr, indices, data), row_order)``, waiting for them."""
