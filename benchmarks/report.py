@@ -313,40 +313,35 @@ def epochs_table(entry):
     return "\n".join(rows)
 
 
-def lr_grid_table(r):
-    """Our tuned logistic regression's grid: every learning rate x C tried,
-    the chosen one marked."""
+#: the columns of a grid table: (header, key, format, right-aligned)
+_GRID_COLUMNS = {
+    "torch": [("optimizer", "optimizer", "s", False), ("batch", "batch_size", ",", True),
+              ("rate", "learning_rate", "g", True)],
+    "lr": [("rate", "learning_rate", "g", True), ("C", "C", "g", True)],
+}
+_GRID_SCORES = [("best test AUC", "best_auc", ".4f", True),
+                ("time to it s", "time_to_best_s", ".3g", True)]
+
+
+def grid_table(r, kind="torch"):
+    """A tuned system's grid (a PyTorch baseline's, ``kind="torch"``, or
+    our adagrad LR's, ``"lr"``): every setting tried, the chosen one
+    marked; an empty string without a grid."""
     grid = r.get("grid") or []
     if not grid:
         return ""
     on = r.get("tuned_on") or {}
-    rows = [f"{r.get('label', 'ours')}: the grid (tuned as PyTorch's, on "
-            f"{_f(on.get('rows'), ',')} rows, {on.get('epochs', '?')} epoch(s); best test AUC, "
-            "ties within 1e-4 by the time to it)", "",
-            "| rate | C | best test AUC | time to it s | chosen |", "|---:|---:|---:|---:|---|"]
-    for i, t in enumerate(grid):
-        rows.append(f"| {_f(t.get('learning_rate'), 'g')} | {_f(t.get('C'), 'g')} | "
-                    f"{_f(t.get('best_auc'), '.4f')} | {_f(t.get('time_to_best_s'), '.3g')} | "
-                    f"{'yes' if i == r.get('grid_best') else ''} |")
-    return "\n".join(rows)
-
-
-def torch_grid_table(r):
-    """A PyTorch baseline's grid: every setting tried, the chosen one marked."""
-    grid = r.get("grid") or []
-    if not grid:
-        return ""
-    on = r.get("tuned_on") or {}
-    rows = [f"{r.get('label', 'PyTorch')}: the grid (tuned on {_f(on.get('rows'), ',')} rows, "
+    cols = _GRID_COLUMNS[kind] + _GRID_SCORES + (
+        [("epoch ms", "epoch_ms", ".1f", True)] if kind == "torch" else [])
+    how = "tuned as PyTorch's, on" if kind == "lr" else "tuned on"
+    rows = [f"{r.get('label', kind)}: the grid ({how} {_f(on.get('rows'), ',')} rows, "
             f"{on.get('epochs', '?')} epoch(s); best test AUC, ties within 1e-4 by the time "
             "to it)", "",
-            "| optimizer | batch | rate | best test AUC | time to it s | epoch ms | chosen |",
-            "|---|---:|---:|---:|---:|---:|---|"]
+            "| " + " | ".join(c[0] for c in cols) + " | chosen |",
+            "|" + "|".join("---:" if c[3] else "---" for c in cols) + "|---|"]
     for i, t in enumerate(grid):
-        rows.append(f"| {t.get('optimizer')} | {_f(t.get('batch_size'), ',')} | "
-                    f"{_f(t.get('learning_rate'), 'g')} | {_f(t.get('best_auc'), '.4f')} | "
-                    f"{_f(t.get('time_to_best_s'), '.3g')} | {_f(t.get('epoch_ms'), '.1f')} | "
-                    f"{'yes' if i == r.get('grid_best') else ''} |")
+        rows.append("| " + " | ".join(_f(t.get(key), fmt) for _, key, fmt, _ in cols)
+                    + f" | {'yes' if i == r.get('grid_best') else ''} |")
     return "\n".join(rows)
 
 
@@ -382,10 +377,10 @@ def _md_systems(res, part, title):
         L += ["Epoch times (data resident on the device):", "",
               epochs_table(entry), ""]
         for sid in ("torch_lr", "torch_fm"):
-            g = torch_grid_table(entry["systems"].get(sid, {}))
+            g = grid_table(entry["systems"].get(sid, {}))
             if g:
                 L += [g, ""]
-        g = lr_grid_table(entry["systems"].get("ours_lr_adagrad", {}))
+        g = grid_table(entry["systems"].get("ours_lr_adagrad", {}), "lr")
         if g:
             L += [g, ""]
     if part == "real":
