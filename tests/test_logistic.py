@@ -136,13 +136,17 @@ def ctr_lbfgs_auc(ctr_split):
 
 @pytest.mark.parametrize("solver", ["sgd", "adagrad"])
 def test_minibatch_auc_close_to_lbfgs(ctr_split, ctr_lbfgs_auc, solver):
+    """The stochastic solvers' test AUC, the mean over five row orders (one
+    order's spread is about 0.002 for "sgd"), within 0.005 of L-BFGS's."""
     Xa, ya, Xb, yb = ctr_split
-    est = GPULogisticRegression(C=0.03, solver=solver, random_state=0, device="cpu")
-    est.fit(Xa, ya)
-    auc = roc_auc_score(yb, est.decision_function(Xb))
-    assert auc >= ctr_lbfgs_auc - 0.005, (solver, auc, ctr_lbfgs_auc)
-    assert est.n_iter_[0] <= est.max_iter
-    assert len(est.loss_curve_) == est.n_iter_[0]
+    aucs = []
+    for seed in range(5):
+        est = GPULogisticRegression(C=0.03, solver=solver, random_state=seed, device="cpu")
+        est.fit(Xa, ya)
+        aucs.append(roc_auc_score(yb, est.decision_function(Xb)))
+        assert est.n_iter_[0] <= est.max_iter
+        assert len(est.loss_curve_) == est.n_iter_[0]
+    assert np.mean(aucs) >= ctr_lbfgs_auc - 0.005, (solver, aucs, ctr_lbfgs_auc)
 
 
 @pytest.mark.parametrize("solver", ["sgd", "adagrad"])
