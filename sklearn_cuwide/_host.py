@@ -11,6 +11,7 @@ several GB.
 """
 
 import numpy as np
+import scipy.sparse as sp
 
 from ._validation import HOST_THREADS, host_pool
 
@@ -110,12 +111,13 @@ def copy_rows(dst, src):
 
 
 def csr_is_canonical(X):
-    """``X.has_canonical_format`` of a scipy CSR matrix (every row's indices
-    strictly increasing), read over runs of rows on the host pool when scipy
-    does not know it yet, and remembered on ``X`` as scipy's property
-    remembers it.  Rows are independent, so the runs' answers combine with
-    ``and``; scipy's own pass is one core (6.3 s for 5e9 nonzeros)."""
-    if (_csr_canonical is None or hasattr(X, "_has_canonical_format")
+    """``X.has_canonical_format`` of a CSR matrix (every row's indices
+    strictly increasing).  For a scipy matrix whose flag scipy does not know
+    yet, read over runs of rows on the host pool and remembered on ``X`` as
+    scipy's property remembers it: rows are independent, so the runs'
+    answers combine with ``and``; scipy's own pass is one core (6.3 s for
+    5e9 nonzeros).  Any other matrix answers itself."""
+    if (_csr_canonical is None or not sp.issparse(X) or hasattr(X, "_has_canonical_format")
             or not getattr(X, "_has_sorted_indices", True)):
         return bool(X.has_canonical_format)
     indptr, indices = X.indptr, X.indices

@@ -24,7 +24,7 @@ def canonical_csr(X, dtype=None):
         X = sp.csr_matrix(np.asarray(X))
     elif X.format != "csr":
         X = X.tocsr()  # a new matrix
-    if not (csr_is_canonical(X) if sp.issparse(X) else X.has_canonical_format):
+    if not csr_is_canonical(X):
         X = X.copy()  # never sort the user's matrix in place
         X.sum_duplicates()
     if dtype is not None and X.dtype != dtype:
