@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .stages import format_stages
+
 
 #: a scaling point keeps the device busy when its workers are at least this
 #: share of the most workers any point of its sweep ran (on the CPU: always)
@@ -291,6 +293,18 @@ def prediction_table(entry):
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
+def stages_table(entry):
+    """Where each fit row's time went: the stage lines of one more fit with
+    ``verbose=1`` (empty string when no row has them)."""
+    rows = ["| system | fit s | stages, seconds (epochs and L-BFGS iterations summed) |",
+            "|---|---:|---|"]
+    for sid, r in entry["systems"].items():
+        if r.get("stages"):
+            rows.append(f"| {r.get('label', sid)} | {_f(r.get('stages_fit_s'), '.3f')} | "
+                        f"{format_stages(r['stages'])} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def epochs_table(entry):
     """Epoch times with the data resident (kernels; PyTorch and cuSPARSE
     per epoch), and each system's time per row over ours."""
@@ -374,6 +388,10 @@ def _md_systems(res, part, title):
             L += ["Prediction (`predict_proba`, `predict` for a regressor, of the first "
                   "test rows from a scipy CSR in host memory, the fitted model kept where "
                   "it was fitted):", "", pred, ""]
+        stages = stages_table(entry)
+        if stages:
+            L += ["Where the fit's time goes (one more fit of each row with `verbose=1`, "
+                  "its stage lines):", "", stages, ""]
         L += ["Epoch times (data resident on the device):", "",
               epochs_table(entry), ""]
         for sid in ("torch_lr", "torch_fm"):

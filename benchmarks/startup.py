@@ -20,8 +20,6 @@ Targets (issue: start-up): the cold first fit at most
 """
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -29,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .stages import verbose_fit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,12 +59,7 @@ def _estimator(spec, device):
 
 def _timed_fit(spec, device, X, y):
     """Seconds of one fit, and the lines its ``verbose=1`` printed."""
-    out = io.StringIO()
-    est = _estimator(spec, device)
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(out):
-        est.fit(X, y)
-    return time.perf_counter() - t0, out.getvalue().splitlines()
+    return verbose_fit(_estimator(spec, device), X, y)
 
 
 def child(spec, rows, device):

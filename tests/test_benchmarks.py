@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 
 from sklearn_cuwide import (
     GPUFactorizationMachine,
@@ -681,6 +682,41 @@ def test_prediction_timing_and_its_table():
     assert report.prediction_table({"systems": {"torch_lr": {"fit_s": 1.0}}}) == ""
 
 
+@pytest.mark.parametrize("est", [
+    GPULogisticRegression(solver="adagrad", max_iter=4, early_stopping=True, device="cpu"),
+    GPULogisticRegression(device="cpu"),
+    GPUFactorizationMachine(n_factors=4, max_iter=3, device="cpu"),
+], ids=["adagrad", "lbfgs", "fm-penalty-choice"])
+def test_stage_times_read_a_fit_log(est):
+    """The stage list of a verbose fit: its stages in order, the epochs (or
+    L-BFGS iterations) summed with their count, and the spans adding up to
+    the Fit line's total (each line rounded to the millisecond); the
+    report's table lists it."""
+    from benchmarks import report
+    from benchmarks.stages import stage_times, verbose_fit
+
+    X, y = make_ctr_classification(n_samples=3000, n_features=2**10, random_state=0)[:2]
+    est = clone(est)
+    _, lines = verbose_fit(est, X, y)
+    stages, total = stage_times(lines)
+    names = [n for n, _, _ in stages]
+    assert names[0] == "input checks" and names[-1] == "attributes"
+    assert len(names) == len(set(names))  # the epochs' lines make one entry
+    counts = dict((n, c) for n, _, c in stages)
+    if est.solver == "lbfgs":
+        assert counts["iterations"] == est.n_iter_[0]
+    elif "epochs" in counts:
+        assert counts["epochs"] == est.n_iter_ and "layout" in names
+    else:  # the penalty choice's fits print their epochs from verbose=2 only
+        assert any(n.startswith("penalty choice") for n in names)
+    assert abs(sum(s for _, s, _ in stages) - total) <= 0.0005 * (len(lines) + 2)
+    entry = {"systems": {"ours": {"label": "ours X", "stages": stages, "stages_fit_s": total},
+                         "peer": {"label": "peer", "fit_s": 1.0}}}
+    table = report.stages_table(entry)
+    assert "| ours X |" in table and "input checks" in table and "peer" not in table
+    assert report.stages_table({"systems": {"peer": {"fit_s": 1.0}}}) == ""
+
+
 def test_ours_fit_reports_the_first_fit_and_the_median_of_the_repeats(monkeypatch):
     """On the GPU each of our end-to-end fits runs FIT_REPEATS times (fresh
     estimators): fit_s is their median, fit_first_s the first; the GPU peak
@@ -698,7 +734,7 @@ def test_ours_fit_reports_the_first_fit_and_the_median_of_the_repeats(monkeypatc
     X = sp.random(200, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
     y = rng.integers(0, 2, 200)
     d = Data("k", "binary", X, y, X[:50], y[:50])
-    now, took = [0.0], iter([5.0, 2.0, 1.0])
+    now, took = [0.0], iter([5.0, 2.0, 1.0, 7.0])  # the last: the verbose fit, not timed
 
     class Timed(GPULogisticRegression):
         def fit(self, *a, **k):
@@ -724,6 +760,7 @@ def test_ours_fit_reports_the_first_fit_and_the_median_of_the_repeats(monkeypatc
     rec = systems.ours_fit(ctx, d, lambda: Timed(device="cpu"))
     assert rec["fit_repeats"] == systems.FIT_REPEATS == 3
     assert rec["fit_first_s"] == 5.0 and rec["fit_s"] == 2.0 and rec["gpu_peak_bytes"] == 300
+    assert [n for n, _, _ in rec["stages"]][:2] == ["input checks", "objective"]
     monkeypatch.undo()
     cpu = systems.ours_fit(Ctx(False, {"budget_s": 1e9}), d,
                            lambda: GPULogisticRegression(device="cpu"))
