@@ -16,6 +16,8 @@
 //   keys (duplicate entries) summed in float64, the sums that are 0 dropped,
 //   the rest decoded into the layout's arrays, and each tile's nonzeros
 //   counted.
+// * cuwide_copy_rows: some rows of a CSR copied as they are into the CSR of
+//   those rows (early stopping's held-out rows, gathered where the input lies).
 // * cuwide_penalty_held / cuwide_penalty_scale: how many sample blocks hold
 //   each feature (the starts of its runs in the tiles), and the penalty
 //   factor n_batches / held.
@@ -122,6 +124,27 @@ __global__ void cuwide_chunk_keys(const long long* __restrict__ indptr,
   }
 }
 
+// Row i of the output is source row users[i]: its nonzeros written from
+// out_ptr[i] on, in their order.
+template <typename IDX, typename T>
+__global__ void cuwide_copy_rows(const long long* __restrict__ indptr,
+                                 const IDX* __restrict__ indices, const T* __restrict__ data,
+                                 const long long* __restrict__ users,
+                                 const long long* __restrict__ out_ptr, long long n_rows,
+                                 IDX* __restrict__ out_indices, T* __restrict__ out_data) {
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n_rows;
+       i += warps) {
+    const long long s = users[i];
+    const long long p0 = indptr[s], len = indptr[s + 1] - p0, o = out_ptr[i];
+    for (long long j = lane; j < len; j += 32) {
+      out_indices[o + j] = indices[p0 + j];
+      out_data[o + j] = data[p0 + j];
+    }
+  }
+}
+
 // keep[i]: 1 where sorted entry i starts a run of equal keys whose float64
 // sum is not 0 (sum[i] then holds it), else 0.
 template <typename V>
@@ -213,6 +236,13 @@ template __global__ void cuwide_chunk_keys<long long, double, double>(
     const long long*, const long long*, const double*, const long long*, const long long*,
     long long, long long, long long, long long, long long, const long long*,
     const long long*, long long*, double*);
+template __global__ void cuwide_copy_rows<int, float>(const long long*, const int*,
+                                                      const float*, const long long*,
+                                                      const long long*, long long, int*,
+                                                      float*);
+template __global__ void cuwide_copy_rows<long long, double>(
+    const long long*, const long long*, const double*, const long long*, const long long*,
+    long long, long long*, double*);
 template __global__ void cuwide_chunk_runs<float>(const long long*, const long long*,
                                                   const float*, long long, long long*,
                                                   float*);

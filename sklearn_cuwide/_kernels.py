@@ -202,6 +202,7 @@ def build_instantiations(indices_dtype, data_dtype, value_dtype):
     names = {
         "count": kernel_name("cuwide_count_rows", idx, t),
         "keys": kernel_name("cuwide_chunk_keys", idx, t, v),
+        "copy": kernel_name("cuwide_copy_rows", idx, t),
         "runs": kernel_name("cuwide_chunk_runs", v),
         "store": kernel_name("cuwide_chunk_store", v),
     }

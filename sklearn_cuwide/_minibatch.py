@@ -169,9 +169,10 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                        seed_split, counts)
         if va is not None:
-            # the held-out rows are copied; the training rows are laid out from
-            # X where it is (build_layout's rows), never copied on their own
-            Xv, swv = _held_out_rows(X, va, backend), sample_weight[va]
+            # the held-out rows are copied (from the staged copy where there is
+            # one); the training rows are laid out from X where it is
+            # (build_layout's rows), never copied on their own
+            Xv, swv = _held_out_rows(X, va, backend, staged), sample_weight[va]
             sample_weight = sample_weight[tr]
             progress.stage("validation split")
         params = make_params(X, sample_weight, tr)
@@ -548,12 +549,16 @@ def _stored_zero_rows(X, backend):
     return xp, xp.searchsorted(X.indptr, xp.flatnonzero(X.data == 0), side="right") - 1
 
 
-def _held_out_rows(X, rows, backend):
-    """A future of :func:`_take_rows`: a host matrix's rows gathered on a
-    thread of their own, a device matrix's at once.  Why: only the epochs
-    read them, and scipy's gather releases the GIL, so it runs while the
-    step parameters and the layout are made.  A thread per fit (not a
-    process-wide pool, whose thread a forked child would lack)."""
+def _held_out_rows(X, rows, backend, staged=None):
+    """A future of :func:`_take_rows`: gathered on the device from the
+    backend's staged copy of a host matrix (``staged``, the layout's input:
+    neither gathered nor copied again on the host), a host matrix's rows
+    otherwise on a thread of their own, a device matrix's at once.  Why:
+    only the epochs read them, and scipy's gather releases the GIL, so it
+    runs while the step parameters and the layout are made.  A thread per
+    fit (not a process-wide pool, whose thread a forked child would lack)."""
+    if staged is not None:
+        return staged.hold_out(rows)
     if _device.is_cupy_array(X):
         done = Future()
         done.set_result(_take_rows(X, rows, backend))
@@ -566,10 +571,10 @@ def _held_out_rows(X, rows, backend):
 
 
 def _take_rows(X, rows, backend):
-    """Rows ``rows`` (a numpy index array) of a CSR matrix; for a matrix on
-    the device, with the index array copied there."""
+    """Rows ``rows`` (a sorted numpy index array) of a canonical CSR matrix;
+    a matrix on the device gathers them there."""
     if _device.is_cupy_array(X):
-        return X[backend.to_device(rows)]
+        return backend.take_rows(X, rows)
     return X[rows]
 
 

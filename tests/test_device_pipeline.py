@@ -406,6 +406,21 @@ def test_uploaded_then_built_on_the_device(shuffle):
         assert isinstance(getattr(B, name), _Dev), name
 
 
+def _held_gather(indptr, indices, data, shape, rows):
+    """StagedInput's ``gather`` for the stand-in: the rows of a scipy CSR of
+    the uploaded arrays."""
+    as_np = [np.asarray(a).view(np.ndarray) for a in (data, indices, indptr)]
+    return sp.csr_matrix(tuple(as_np), shape=shape)[rows]
+
+
+def _assert_csr_equal(A, B):
+    A, B = sp.csr_matrix(A), sp.csr_matrix(B)
+    assert A.shape == B.shape
+    np.testing.assert_array_equal(A.indptr, B.indptr)
+    np.testing.assert_array_equal(A.indices, B.indices)
+    np.testing.assert_array_equal(A.data, B.data)
+
+
 @pytest.mark.parametrize("rows", [False, True])
 def test_staged_upload_then_built_on_the_device(rows):
     """The upload and the row order begun before the build (StagedInput, the
@@ -419,10 +434,22 @@ def test_staged_upload_then_built_on_the_device(rows):
         kw["rows"] = np.sort(np.random.default_rng(6).choice(X.shape[0], 900, replace=False))
     n = X.shape[0] if not rows else 900
     fake = _FakeCupy()
-    staged = up.StagedInput(X, fake, n, True, kw["random_state"], upload_chunk_nnz=1999)
+    staged = up.StagedInput(X, fake, n, True, kw["random_state"], upload_chunk_nnz=1999,
+                            gather=_held_gather)
+    held = staged.hold_out(np.setdiff1d(np.arange(X.shape[0]), kw["rows"]) if rows
+                           else np.arange(0, X.shape[0], 7))
     B = up.build_on_device(X, fake, chunk_nnz=701, staged=staged, **kw)
     _assert_same(build_layout(X, **kw), B, "staged")
     staged.close()  # taken already: nothing left to wait for
+    # the held-out rows, gathered from the staged copy: X's rows, as they are
+    assert held.matrix is not None and isinstance(held.result(), sp.csr_matrix)
+    _assert_csr_equal(held.result(), X[held.rows])
+    # a handle whose build never took the staged copy: the host's rows
+    unused = up.StagedInput(X, fake, n, True, kw["random_state"], gather=_held_gather)
+    late = unused.hold_out(np.array([3, 5, 8]))
+    unused.close()
+    assert late.matrix is None
+    _assert_csr_equal(late.result(), X[[3, 5, 8]])
     other = up.StagedInput(X, fake, n + 1, True, kw["random_state"])
     with pytest.raises(ValueError, match="another matrix or number of rows"):
         up.build_on_device(X, fake, staged=other, **kw)
@@ -431,21 +458,31 @@ def test_staged_upload_then_built_on_the_device(rows):
 
 
 def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
-    """fit_heads hands the backend's staged input to build_layout and closes
-    it after, and closes it too when the fit fails before the build."""
+    """fit_heads hands the backend's staged input to build_layout, asks it
+    for the held-out rows, and closes it after; it closes it too when the
+    fit fails before the build."""
     from sklearn_cuwide import GPULogisticRegression
     from sklearn_cuwide._backends import _cpu
 
     handles = []
+    HeldOut = _upload_module().HeldOut
 
     class Handle:
         closed = False
+        held = None
+
+        def __init__(self, X):
+            self.X = X
+
+        def hold_out(self, rows):  # a build that takes nothing: the host's rows
+            self.held = HeldOut(self.X, rows)
+            return self.held
 
         def close(self):
             self.closed = True
 
     def stage(X, n_rows, shuffle, random_state):
-        handles.append(Handle())
+        handles.append(Handle(X))
         handles[-1].n_rows = n_rows
         return handles[-1]
 
@@ -465,6 +502,9 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     # early stopping from 10,000 rows: the rows laid out are the training rows
     assert built == [handles[0]] and handles[0].closed
     assert handles[0].n_rows == X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
+    # the held-out rows were asked of the staged input
+    assert handles[0].held is not None
+    assert handles[0].held.rows.shape[0] == int(np.ceil(0.1 * X.shape[0]))
 
     def fail(*a, **kw):
         raise RuntimeError("the build failed")

@@ -582,13 +582,14 @@ def test_build_kernels_give_the_numpy_build(int64):
     """The layout build's fused kernels (``cuda/cuwide_build.cu``) through
     each way a build reaches them: the CSR uploaded whole (some rows of it,
     shuffled), a cupyx matrix, chunks gathered on the host (into device and
-    into page-locked arrays); then the penalty factors.  The numpy build's
+    into page-locked arrays); then the penalty factors and the copy of some
+    rows (early stopping's held-out rows).  The numpy build's
     layout and factors, bit for bit (the sanitizers run this test)."""
     import cupy as cp
     import cupyx.scipy.sparse as cpsp
 
     from sklearn_cuwide._backends._cuda import _upload
-    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels, rows_of_arrays
     from sklearn_cuwide._backends._cuda._layout import put_layout
     from sklearn_cuwide._layout import penalty_scale
 
@@ -614,6 +615,21 @@ def test_build_kernels_give_the_numpy_build(int64):
     C = _upload.build_on_device(X, cp, chunk_nnz=2003, kernels=CudaBuildKernels(), **kw)
     _assert_same(A, C, "uploaded")
     np.testing.assert_array_equal(penalty_scale(A), put_layout(C).penalty_scale().get())
+    # the held-out rows' copy: scipy's rows, from the whole upload (int64
+    # indptr) and from a cupyx matrix (that of its indices), none at all too
+    held = np.flatnonzero(rng.random(X.shape[0]) < 0.1)
+    for what, arrays in (("uploaded", _upload.upload_csr(X, cp)),
+                         ("cupyx", None if int64 else cpsp.csr_matrix(X))):
+        if arrays is None:
+            continue
+        arrays = arrays if what == "uploaded" else (arrays.indptr, arrays.indices, arrays.data)
+        for r in (held, held[:0]):
+            got = rows_of_arrays(*arrays, X.shape, r)
+            want = X[r]
+            assert got.shape == want.shape and got.has_canonical_format, what
+            np.testing.assert_array_equal(got.indptr.get(), want.indptr, err_msg=what)
+            np.testing.assert_array_equal(got.indices.get(), want.indices, err_msg=what)
+            np.testing.assert_array_equal(got.data.get(), want.data, err_msg=what)
 
 
 @pytest.mark.parametrize("loss", ["logistic", "squared", "multinomial"])

@@ -714,3 +714,49 @@ def test_download_through_a_pinned_buffer_is_the_array(shape, monkeypatch):
                                       host[:, 2:5])
     monkeypatch.setattr(up, "DOWNLOAD_MIN_BYTES", 1 << 40)
     np.testing.assert_array_equal(up.download(fake, dev), host)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_gpu_take_rows_and_the_staged_held_out_rows(index_dtype):
+    """Rows of a cupyx CSR gathered on the device (early stopping's
+    held-out rows of cupy input), and the held-out rows gathered from the
+    staged upload of a host CSR: scipy's rows, canonical, empty rows
+    included; the staged build's layout is the host build's."""
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    from sklearn_cuwide._backends import _cuda
+    from sklearn_cuwide._backends._cuda import _layout as cuda_layout
+
+    rng = np.random.default_rng(11)
+    X = _problem(rng, n=7001, d=2003)
+    keep = np.ones(X.shape[0])
+    keep[::97] = 0  # empty rows
+    X = sp.csr_matrix(sp.diags(keep) @ X)
+    X.eliminate_zeros()
+    X.sort_indices()
+    X.indices = X.indices.astype(index_dtype)
+    X.indptr = X.indptr.astype(index_dtype)
+    rows = np.sort(rng.choice(X.shape[0], 701, replace=False))
+    got = _cuda.take_rows(cpsp.csr_matrix(X), rows)
+    assert got.has_canonical_format and got.shape == (701, X.shape[1])
+    want = X[rows]
+    np.testing.assert_array_equal(got.indptr.get(), want.indptr)
+    np.testing.assert_array_equal(got.indices.get(), want.indices)
+    np.testing.assert_array_equal(got.data.get(), want.data)
+    kw = _kw(True, 64, 30)
+    kw["rows"] = np.setdiff1d(np.arange(X.shape[0]), rows)
+    staged = cuda_layout._upload.StagedInput(X, cp, kw["rows"].shape[0], True,
+                                             kw["random_state"],
+                                             gather=_cuda._build.rows_of_arrays)
+    held = staged.hold_out(rows)
+    B = cuda_layout._upload.build_on_device(X, cp, staged=staged, **kw)
+    staged.close()
+    _assert_same(build_layout(X, **kw), B, "staged")
+    Xv = held.result()
+    assert isinstance(Xv, cpsp.csr_matrix) and Xv.has_canonical_format
+    np.testing.assert_array_equal(Xv.indptr.get(), want.indptr)
+    np.testing.assert_array_equal(Xv.indices.get(), want.indices)
+    np.testing.assert_array_equal(Xv.data.get(), want.data)

@@ -78,6 +78,11 @@ class Backend(Protocol):
     def put_csr(self, X, dtype=None):
         """A sparse or dense matrix as the backend's canonical CSR."""
 
+    def take_rows(self, X, rows):
+        """Rows ``rows`` (sorted integer indices, numpy) of a canonical CSR
+        on the backend (``put_csr``'s, or a cupyx matrix the user gave):
+        canonical, on the backend."""
+
     def csr_in_layout_order(self, X, feature_order, feature_rank):
         """``X`` (``put_csr``'s) with its columns in a layout's feature order
         (``X[:, feature_order]``; ``feature_rank`` its inverse, both arrays
@@ -105,7 +110,10 @@ class Backend(Protocol):
         overlaps it: the CUDA backend copies a host CSR it will build from
         whole to the device and draws the layout's row order.  Returns a
         handle for ``build_layout``'s ``staged`` (whose ``close`` waits for
-        the work), or None when nothing was started."""
+        the work, and whose ``hold_out(rows)`` returns a handle whose
+        ``result()``, once ``build_layout`` has run, is the rows ``rows`` of
+        ``X`` on the backend, gathered from the staged copy), or None when
+        nothing was started."""
 
     def build_layout(self, X, staged=None, **kw):
         """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest;

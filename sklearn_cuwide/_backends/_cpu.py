@@ -151,6 +151,11 @@ def put_csr(X, dtype=None):
     return canonical_csr(X, dtype)
 
 
+def take_rows(X, rows):
+    """Rows ``rows`` (sorted integer indices) of a canonical CSR, canonical."""
+    return X[np.asarray(rows)]
+
+
 def csr_in_layout_order(X, feature_order, feature_rank):
     """``X[:, feature_order]``, canonical."""
     return canonical_csr(X[:, np.asarray(feature_order)])

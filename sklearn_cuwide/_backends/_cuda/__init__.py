@@ -26,6 +26,7 @@ modules mirror ``cuda/``:
 
 import cupy as cp
 
+from ._build import take_rows
 from ._factors import draw_factors
 from ._layout import build_layout, put_layout, stage_layout_input
 from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
@@ -61,6 +62,7 @@ __all__ = [
     "name", "xp", "stage_names", "use_device", "device_scope", "device_memory", "holds",
     "tile_shape", "concurrent_blocks", "free_memory",
     "to_device", "to_host", "all_finite", "synchronize", "put_csr", "csr_in_layout_order",
+    "take_rows",
     "put_state", "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",

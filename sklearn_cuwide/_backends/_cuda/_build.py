@@ -20,9 +20,9 @@ import numpy as np
 
 from ... import _layout
 from ..._kernels import build_instantiations, get_module_kernels, memoised_module
-from ._runtime import NULL
+from ._runtime import NULL, csr_of_arrays
 
-__all__ = ["CudaBuildKernels"]
+__all__ = ["CudaBuildKernels", "rows_of_arrays", "take_rows"]
 
 _FILE = "cuwide_build.cu"
 _THREADS = 256
@@ -182,3 +182,32 @@ class CudaBuildKernels(_layout.BuildKernels):
                                         (held, np.int64(n), np.float64(n_batches), out))
         return out
 
+
+
+def rows_of_arrays(indptr, indices, data, shape, rows):
+    """Rows ``rows`` (integer indices, numpy or cupy) of a canonical CSR of
+    ``shape`` given by its device arrays: a canonical cupyx CSR (early
+    stopping's held-out rows).  Their lengths, summed, place them; one
+    warp a row copies them (the build's module: no module more to compile)."""
+    mod = CudaBuildKernels()._module(indices, data)
+    indptr = indptr.astype(cp.int64, copy=False)
+    users = cp.asarray(rows, dtype=cp.int64)
+    n = int(users.shape[0])
+    lens = cp.zeros(n + 1, dtype=cp.int64)
+    if n:
+        mod["cuwide_batch_nnz"]((_warp_blocks(n),), (_THREADS,),
+                                (indptr, users, np.int64(n), np.int64(1), np.int64(n), lens[1:]))
+    out_ptr = cp.cumsum(lens)
+    del lens
+    nnz = int(out_ptr[-1].get())
+    out_indices = cp.empty(nnz, dtype=indices.dtype)
+    out_data = cp.empty(nnz, dtype=data.dtype)
+    if nnz:
+        mod["copy"]((_warp_blocks(n),), (_THREADS,),
+                    (indptr, indices, data, users, out_ptr, np.int64(n), out_indices, out_data))
+    return csr_of_arrays(out_ptr, out_indices, out_data, (n, int(shape[1])))
+
+
+def take_rows(X, rows):
+    """Rows ``rows`` of a canonical cupyx CSR ``X``, as :func:`rows_of_arrays`."""
+    return rows_of_arrays(X.indptr, X.indices, X.data, X.shape, rows)

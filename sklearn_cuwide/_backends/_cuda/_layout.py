@@ -27,7 +27,7 @@ import numpy as np
 from ... import _layout, _memory
 from ..._config import get_config
 from . import _reduce, _upload
-from ._build import CudaBuildKernels
+from ._build import CudaBuildKernels, rows_of_arrays
 from ._runtime import device_memory
 
 #: a fresh token for each penalty-scale array a layout computes
@@ -60,7 +60,7 @@ def stage_layout_input(X, n_rows, shuffle, random_state):
     if (cpsp.issparse(X) or getattr(X, "format", None) != "csr"
             or _planned_site(_memory.active_plan(), on_device=False) != "device"):
         return None
-    return _upload.StagedInput(X, cp, n_rows, shuffle, random_state)
+    return _upload.StagedInput(X, cp, n_rows, shuffle, random_state, gather=rows_of_arrays)
 
 
 def _planned_site(plan, on_device):

@@ -270,6 +270,15 @@ def put_csr(X, dtype=None):
     return canonical_csr(X, dtype)
 
 
+def csr_of_arrays(indptr, indices, data, shape):
+    """A cupyx CSR of device arrays that hold rows of a canonical matrix
+    (``indptr`` of any integer dtype), flagged canonical as they are."""
+    out = cpsp.csr_matrix((data, indices, indptr.astype(indices.dtype, copy=False)),
+                          shape=shape)
+    out.has_canonical_format = True
+    return out
+
+
 def csr_in_layout_order(X, feature_order, feature_rank):
     """``X[:, feature_order]`` of a canonical cupyx CSR ``X``: each column
     index ``j`` renamed ``feature_rank[j]`` in place of the column gather,

@@ -46,7 +46,7 @@ from ... import _layout
 from ..._host import copy_rows
 from ..._validation import HOST_THREADS, host_pool
 
-__all__ = ["PinnedUploader", "StagedInput", "build_site", "split_copy", "upload_csr",
+__all__ = ["PinnedUploader", "StagedInput", "HeldOut", "build_site", "split_copy", "upload_csr",
            "build_on_device", "build_from_host", "stream_chunks", "is_pinned",
            "pinned_empty", "download"]
 
@@ -382,6 +382,18 @@ def upload_csr(X, xp, *, chunk_nnz=1 << 22, fill_threads=None):
     return d_indptr, d_indices, d_data
 
 
+class HeldOut:
+    """:meth:`StagedInput.hold_out`'s handle: ``result()`` is the rows on
+    the device once the build has taken the staged copy, else (a build that
+    never took it) the rows of the host matrix, gathered there."""
+
+    def __init__(self, X, rows):
+        self.X, self.rows, self.matrix = X, rows, None
+
+    def result(self):
+        return self.X[self.rows] if self.matrix is None else self.matrix
+
+
 class StagedInput:
     """What :func:`build_on_device` reads first, begun before it is called:
     the upload of a host CSR (:func:`upload_csr`, driven from a thread of
@@ -392,11 +404,17 @@ class StagedInput:
     :meth:`take` hands the device arrays and the row order over once (the
     handle keeps no reference to them after); :meth:`close` waits for the
     work, so that an interrupted fit's device arrays are freed after their
-    copies end.
+    copies end.  Rows named by :meth:`hold_out` (early stopping's held-out
+    rows) are gathered from the uploaded copy when it is taken, before the
+    layout is built from it: the host neither gathers nor copies them.
+    ``gather``: ``(indptr, indices, data, shape, rows) -> matrix``, those
+    rows of the uploaded arrays as a device matrix (None: no gather there).
     """
 
-    def __init__(self, X, xp, n_rows, shuffle, random_state, upload_chunk_nnz=1 << 22):
-        self.X, self.n_rows = X, int(n_rows)
+    def __init__(self, X, xp, n_rows, shuffle, random_state, upload_chunk_nnz=1 << 22,
+                 gather=None):
+        self.X, self.n_rows, self._gather = X, int(n_rows), gather
+        self._held = None
         device = xp.cuda.Device()  # the fit's: the thread's own starts at device 0
 
         def upload():
@@ -411,10 +429,19 @@ class StagedInput:
                                           random_state)
         self._thread.shutdown(wait=False)  # the threads end with their tasks
 
+    def hold_out(self, rows):
+        """A :class:`HeldOut` of the rows ``rows`` (sorted numpy indices) of
+        ``X``, gathered on the device when :meth:`take` hands the upload over."""
+        self._held = HeldOut(self.X, rows)
+        return self._held
+
     def take(self):
         """``((indptr, indices, data), row_order)``, waiting for them."""
         csr, order = self._csr.result(), self._order.result()
         self._csr = self._order = None
+        held, self._held = self._held, None
+        if held is not None and self._gather is not None:
+            held.matrix = self._gather(*csr, self.X.shape, held.rows)
         return csr, order
 
     def close(self):
