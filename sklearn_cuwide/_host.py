@@ -20,7 +20,8 @@ try:  # scipy's one-pass check behind ``has_canonical_format`` (private, stable 
 except ImportError:  # pragma: no cover - then the property itself, on one core
     _csr_canonical = None
 
-__all__ = ["PARALLEL_BYTES", "run_count", "each_run", "take_rows", "all_finite",
+__all__ = ["PARALLEL_BYTES", "run_count", "each_run", "row_runs", "each_of", "split_flags",
+           "take_rows", "all_finite",
            "copy_rows", "csr_is_canonical"]
 
 #: arrays smaller than this are one numpy call (threads cost more than they save)
@@ -55,6 +56,45 @@ def each_run(n_rows, nbytes, fn):
     thread when ``nbytes``, what the pass touches, is large); their results
     in order.  ``fn`` must write disjoint rows."""
     return _each(fn, _runs(n_rows, nbytes))
+
+
+def row_runs(n_rows, nbytes):
+    """The runs (``[(start, stop)]``) :func:`each_run` cuts ``n_rows`` rows
+    into for a pass over ``nbytes``: for several passes over the same runs
+    (:func:`each_of`)."""
+    return _runs(n_rows, nbytes)
+
+
+def each_of(runs, fn, with_index=False):
+    """``fn(start, stop)`` for each of ``runs`` (``fn(k, start, stop)``, ``k``
+    the run's number, ``with_index``), on the host pool's threads when
+    there are several; their results in order."""
+    if not with_index:
+        return _each(fn, runs)
+    return _each(lambda k, ab: fn(k, *ab), list(enumerate(runs)))
+
+
+def split_flags(flags, runs=None):
+    """``(np.flatnonzero(~flags), np.flatnonzero(flags))`` of a bool array,
+    int64, written run by run (``runs``: :func:`row_runs`'s, default for
+    this array)."""
+    n = int(flags.shape[0])
+    runs = _runs(n, 17 * n) if runs is None else runs
+    n_true = np.array(_each(lambda a, b: int(np.count_nonzero(flags[a:b])), runs),
+                      dtype=np.int64)
+    first_true = np.cumsum(n_true) - n_true
+    yes = np.empty(int(n_true.sum()), dtype=np.int64)
+    no = np.empty(n - yes.shape[0], dtype=np.int64)
+
+    def write(k, ab):
+        a, b = ab
+        f, t0 = flags[a:b], int(first_true[k])
+        yes[t0:t0 + int(n_true[k])] = np.flatnonzero(f) + a
+        f0 = a - t0
+        no[f0:f0 + (b - a) - int(n_true[k])] = np.flatnonzero(~f) + a
+
+    _each(write, list(enumerate(runs)))
+    return no, yes
 
 
 def take_rows(a, index, out=None):

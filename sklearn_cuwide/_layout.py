@@ -506,23 +506,35 @@ def row_permutation(n_rows, shuffle, random_state):
     input is already on the device)."""
     if not (shuffle and n_rows > 1):
         return np.arange(n_rows, dtype=np.int64)
-    bits = int(n_rows - 1).bit_length()
+    return keyed_permutation(n_rows, random_state)
+
+
+def keyed_permutation(n, random_state, count=None):
+    """The first ``count`` positions (default all ``n``) of
+    :func:`row_permutation`'s shuffled order of ``n`` (numpy int64): a
+    uniform-looking sample of ``count`` distinct values of ``[0, n)``, each
+    computed alone on the host's threads."""
+    count = n if count is None else int(count)
+    out = np.empty(count, dtype=np.int64)
+    if n <= 1 or count == 0:
+        out[:] = np.arange(count)
+        return out
+    bits = int(n - 1).bit_length()
     mask, shift = np.uint64((1 << bits) - 1), np.uint64(max(1, bits // 2))
     draw = np.random.default_rng(random_state).integers(
         0, 1 << 63, size=(_ORDER_ROUNDS, 2), dtype=np.uint64)
     keys = [(np.uint64(k) & mask, np.uint64(m) | np.uint64(1)) for k, m in draw]
-    n = np.uint64(n_rows)
-    out = np.empty(n_rows, dtype=np.int64)
+    limit = np.uint64(n)
 
     def run(start, stop):
         x = _mix(np.arange(start, stop, dtype=np.uint64), keys, mask, shift)
-        walk = np.flatnonzero(x >= n)
+        walk = np.flatnonzero(x >= limit)
         while walk.size:
             x[walk] = _mix(x[walk], keys, mask, shift)
-            walk = walk[x[walk] >= n]
+            walk = walk[x[walk] >= limit]
         out[start:stop] = x.view(np.int64)
 
-    _host.each_run(n_rows, 256 * n_rows, run)  # 4 rounds of 4 passes over 16 bytes a row
+    _host.each_run(count, 256 * count, run)  # 4 rounds of 4 passes over 16 bytes a row
     return out
 
 

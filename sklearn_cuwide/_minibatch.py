@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from . import _device, _memory
+from . import _device, _host, _layout, _memory
 from ._backends import _concurrency
 from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
@@ -360,8 +360,8 @@ def _seeds(random_state, n=4):
     return [int(s) for s in rs.randint(0, np.iinfo(np.int32).max, size=n)]
 
 
-#: classes up to which the stratified split finds each class's rows by a
-#: comparison per class (linear), beyond by one stable sort
+#: classes up to which the stratified split finds a run's rows of each class
+#: by a comparison per class (linear), beyond by one stable sort of the run
 _SPLIT_CLASS_PASSES = 16
 
 
@@ -377,10 +377,16 @@ def _validation_split(n_samples, validation_fraction, stratify, seed, counts=Non
 
     ``ceil(validation_fraction * n_samples)`` rows are held out, as
     scikit-learn's ``StratifiedShuffleSplit`` holds them out; each class
-    gives its share of them, rounded by largest remainders, drawn at random
-    among its rows.  Linear in the rows (a mask, no sort of them): the split
-    is the host's only per-row pass of an early-stopped fit besides the row
-    gathers.
+    gives its share of them, rounded by largest remainders.  Class ``c``'s
+    held-out rows are those whose rank among its rows (in row order) is one
+    of the first ``take[c]`` values of a keyed permutation of its count
+    (:func:`~sklearn_cuwide._layout.keyed_permutation`, seeded by ``seed``
+    and ``c``): a random subset of its rows.  Linear in the rows, with no
+    sort of them, and cut into runs of rows on the host's threads (each run
+    counts its classes, then marks its held-out rows from the ranks, then
+    writes its indices): the split is the host's only per-row pass of an
+    early-stopped fit besides the row gathers, and is on its critical path.
+    The result does not depend on the number of threads.
     """
     n_val = _validation_size(n_samples, validation_fraction)
     labels = None if stratify is None else np.asarray(stratify, dtype=np.intp)
@@ -394,25 +400,48 @@ def _validation_split(n_samples, validation_fraction, stratify, seed, counts=Non
             f"both it and the training set need at least {n_classes} sample(s). "
             f"{_fraction_advice(n_val < n_classes)}, or set early_stopping=False."
         )
-    rng = np.random.default_rng(seed)
+    runs = _host.row_runs(n_samples, 24 * n_samples)  # labels, marks, indices
     held = np.zeros(n_samples, dtype=bool)
     if counts is None:
-        held[rng.choice(n_samples, n_val, replace=False)] = True
+        held[_layout.keyed_permutation(n_samples, [seed, 0], n_val)] = True
     else:
         share = counts * (n_val / n_samples)
         take = np.floor(share).astype(np.int64)
         short = n_val - int(take.sum())
         if short:  # the largest remainders get one more
             take[np.argsort(take - share, kind="stable")[:short]] += 1
-        by_class = None
-        if counts.size > _SPLIT_CLASS_PASSES:
-            by_class = np.argsort(labels, kind="stable")
-            starts = np.concatenate([[0], np.cumsum(counts)])
+        _mark_held_out(labels, counts, take, seed, runs, held)
+    return _host.split_flags(held, runs)
+
+
+def _mark_held_out(labels, counts, take, seed, runs, held):
+    """:func:`_validation_split`'s stratified marks: ``held[i]`` for the
+    rows whose rank in their class is drawn, run by run."""
+    n_classes = counts.shape[0]
+    run_counts = np.stack(_host.each_of(runs, lambda a, b: np.bincount(
+        labels[a:b], minlength=n_classes)))
+    # each run's first rank of each class: the class's rows in the runs before
+    offsets = np.cumsum(run_counts, axis=0) - run_counts
+    drawn = [None] * n_classes
+    for c in np.flatnonzero(take):
+        drawn[c] = np.zeros(int(counts[c]), dtype=bool)
+        drawn[c][_layout.keyed_permutation(int(counts[c]), [seed, int(c) + 1],
+                                           int(take[c]))] = True
+    by_compare = n_classes <= _SPLIT_CLASS_PASSES
+
+    def mark(r, a, b):
+        lab = labels[a:b]
+        order = None if by_compare else np.argsort(lab, kind="stable")
+        ends = None if by_compare else np.cumsum(run_counts[r])
         for c in np.flatnonzero(take):
-            rows = (np.flatnonzero(labels == c) if by_class is None
-                    else by_class[starts[c]:starts[c + 1]])
-            held[rows[rng.choice(rows.size, int(take[c]), replace=False)]] = True
-    return np.flatnonzero(~held), np.flatnonzero(held)
+            m = int(run_counts[r, c])
+            if m == 0:
+                continue
+            pos = np.flatnonzero(lab == c) if by_compare else order[ends[c] - m:ends[c]]
+            o = int(offsets[r, c])
+            held[a + pos] = drawn[c][o:o + m]
+
+    _host.each_of(runs, mark, with_index=True)
 
 
 def _early_stopping_possible(n_samples, validation_fraction, stratify):

@@ -132,6 +132,33 @@ def test_validation_split_is_stratified_and_reproducible():
     assert not np.array_equal(va, va3)
 
 
+@pytest.mark.parametrize("n_classes", [None, 2, 40])
+def test_validation_split_is_the_same_on_any_threads_and_random(n_classes, monkeypatch):
+    """The split cut into runs on threads, and found by a sort where there
+    are many classes, holds out the same rows; within a class the held-out
+    rows are spread over its rows as a random sample's are."""
+    from sklearn_cuwide import _host, _minibatch
+
+    rng = np.random.default_rng(2)
+    n = 50_021
+    y = None if n_classes is None else np.minimum(
+        rng.zipf(1.3, size=n) - 1, n_classes - 1).astype(np.intp)
+    tr, va = _validation_split(n, 0.1, y, seed=9)
+    monkeypatch.setattr(_host, "PARALLEL_BYTES", 1)
+    monkeypatch.setattr(_host, "HOST_THREADS", 3)
+    tr3, va3 = _validation_split(n, 0.1, y, seed=9)
+    assert_array_equal(va3, va)
+    assert_array_equal(tr3, tr)
+    monkeypatch.setattr(_minibatch, "_SPLIT_CLASS_PASSES", 0)  # every class by the sort
+    assert_array_equal(_validation_split(n, 0.1, y, seed=9)[1], va)
+    # each decile of a class's rows gives about a tenth of its held-out rows
+    for c in ([None] if y is None else range(2)):
+        rows = np.arange(n) if c is None else np.flatnonzero(y == c)
+        held = np.isin(rows, va)
+        per = np.array([h.sum() for h in np.array_split(held, 10)])
+        assert np.all(np.abs(per - held.sum() / 10) < 4 * np.sqrt(held.sum() / 10) + 2)
+
+
 @pytest.mark.parametrize("n_classes", [None, 3, 40])
 def test_validation_split_gives_each_class_its_share(n_classes):
     # classes of very different sizes, a few (one comparison per class) and

@@ -137,3 +137,19 @@ def test_csr_is_canonical_is_scipys_answer_and_remembered(runs, fault, dtype):
     assert X._has_canonical_format is ref.has_canonical_format
     X.has_canonical_format = not ref.has_canonical_format  # what scipy knows is read, not redone
     assert _host.csr_is_canonical(X) is (not ref.has_canonical_format)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 1000, 100_003])
+def test_split_flags_are_numpys_flatnonzero(runs, n):
+    """The unflagged and flagged positions, written run by run: numpy's
+    ``flatnonzero`` of each side, for any cut into runs."""
+    flags = np.random.default_rng(n).random(n) < 0.3
+    no, yes = _host.split_flags(flags)
+    np.testing.assert_array_equal(no, np.flatnonzero(~flags))
+    np.testing.assert_array_equal(yes, np.flatnonzero(flags))
+    assert no.dtype == yes.dtype == np.int64
+    cuts = [(0, n // 3), (n // 3, n // 3), (n // 3, n)]  # an empty run too
+    for got, want in zip(_host.split_flags(flags, cuts), (no, yes)):
+        np.testing.assert_array_equal(got, want)
+    assert _host.each_of(cuts, lambda k, a, b: (k, b - a), with_index=True) == [
+        (0, n // 3), (1, 0), (2, n - n // 3)]

@@ -259,6 +259,12 @@ def test_row_permutation_is_a_seeded_permutation_cut_into_runs(n, monkeypatch):
     np.testing.assert_array_equal(row_permutation(n, True, 7), one)
     if n >= 17:
         assert not np.array_equal(row_permutation(n, True, 8), one)
+    # a prefix alone (early stopping's draw) is the order's first positions
+    from sklearn_cuwide._layout import keyed_permutation
+
+    for k in {0, 1, n // 3, n}:
+        np.testing.assert_array_equal(keyed_permutation(n, 7, k), one[:k] if n > 1
+                                      else np.arange(k))
 
 
 def test_row_permutation_leaves_no_trace_of_the_row_order():

@@ -175,7 +175,7 @@ def test_a_small_regressor_chooses_on_a_fifth_and_the_fit_uses_it():
     from sklearn_cuwide.datasets import make_ctr_regression
 
     X, y = make_ctr_regression(4_000, n_features=2**12, n_fields=20, model="fm",
-                               random_state=5)[:2]
+                               random_state=11)[:2]
     est = GPUFactorizationMachineRegressor(n_factors=4, max_iter=8, random_state=0,
                                            device="cpu")
     fm = clone(est).fit(X, y)
@@ -188,7 +188,7 @@ def test_a_small_regressor_chooses_on_a_fifth_and_the_fit_uses_it():
         losses.append(float(np.mean((ref.predict(X[va]) - t[va]) ** 2)))
     order = np.argsort(losses)
     # a choice no rounding could flip (the estimator's fits are these, bit
-    # for bit: 0.9% apart on this data and row order)
+    # for bit: 1.7% apart on this data, row order and split)
     assert losses[order[1]] > 1.005 * losses[order[0]]
     assert fm.penalty_multiplier_ == PENALTY_MULTIPLIERS[order[0]] > 1
     full = _explicit(est, X, np.ones(X.shape[0]), fm.penalty_multiplier_).fit(X, y)
