@@ -416,30 +416,36 @@ def _validation_split(n_samples, validation_fraction, stratify, seed, counts=Non
 
 def _mark_held_out(labels, counts, take, seed, runs, held):
     """:func:`_validation_split`'s stratified marks: ``held[i]`` for the
-    rows whose rank in their class is drawn, run by run."""
-    n_classes = counts.shape[0]
-    run_counts = np.stack(_host.each_of(runs, lambda a, b: np.bincount(
-        labels[a:b], minlength=n_classes)))
+    rows whose rank in their class is drawn, run by run: each run finds its
+    rows of each class (a comparison per class, or a stable sort of the run
+    for many classes), then marks those whose rank (the class's rows in the
+    runs before, plus their place in the run) was drawn."""
+    classes = np.flatnonzero(take)
+    by_compare = counts.shape[0] <= _SPLIT_CLASS_PASSES
+
+    def find(a, b):
+        lab = labels[a:b]
+        if by_compare:
+            return [np.flatnonzero(lab == c) for c in classes]
+        order = np.argsort(lab, kind="stable")
+        sizes = np.bincount(lab, minlength=counts.shape[0])
+        ends = np.cumsum(sizes)
+        return [order[ends[c] - sizes[c]:ends[c]] for c in classes]
+
+    found = _host.each_of(runs, find)
+    drawn = []
+    for c in classes:
+        d = np.zeros(int(counts[c]), dtype=bool)
+        d[_layout.keyed_permutation(int(counts[c]), [seed, int(c) + 1], int(take[c]))] = True
+        drawn.append(d)
     # each run's first rank of each class: the class's rows in the runs before
-    offsets = np.cumsum(run_counts, axis=0) - run_counts
-    drawn = [None] * n_classes
-    for c in np.flatnonzero(take):
-        drawn[c] = np.zeros(int(counts[c]), dtype=bool)
-        drawn[c][_layout.keyed_permutation(int(counts[c]), [seed, int(c) + 1],
-                                           int(take[c]))] = True
-    by_compare = n_classes <= _SPLIT_CLASS_PASSES
+    sizes = np.array([[p.shape[0] for p in f] for f in found], dtype=np.int64)
+    first = np.cumsum(sizes, axis=0) - sizes
 
     def mark(r, a, b):
-        lab = labels[a:b]
-        order = None if by_compare else np.argsort(lab, kind="stable")
-        ends = None if by_compare else np.cumsum(run_counts[r])
-        for c in np.flatnonzero(take):
-            m = int(run_counts[r, c])
-            if m == 0:
-                continue
-            pos = np.flatnonzero(lab == c) if by_compare else order[ends[c] - m:ends[c]]
-            o = int(offsets[r, c])
-            held[a + pos] = drawn[c][o:o + m]
+        for j, pos in enumerate(found[r]):
+            o = int(first[r, j])
+            held[a + pos] = drawn[j][o:o + pos.shape[0]]
 
     _host.each_of(runs, mark, with_index=True)
 
