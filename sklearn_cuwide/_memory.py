@@ -328,7 +328,10 @@ class PredictShape:
 # --------------------------------------------------------------------------
 def _validation_parts(s, where):
     """The early-stopping split's copies (``_minibatch.fit_heads``): the
-    held-out rows, copied from ``X`` where it lives, and gathered once more
+    held-out rows, copied from ``X`` where it lives (a host matrix whose
+    layout the CUDA backend builds from its whole upload: on the device,
+    from that upload; the host part still counts a host copy, an
+    overestimate there), and gathered once more
     by the layout's plan for the training rows' feature counts (the training
     rows are laid out from ``X`` itself); the held-out rows in the layout's
     feature order (a host copy), then on the backend with their targets,
