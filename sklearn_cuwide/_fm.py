@@ -256,11 +256,11 @@ class _BaseFM(_CuWideEstimator):
         instead of the estimator's (the choice's fits)."""
         n_rows, n_features = X.shape
 
-        def make_params(X, sw_train, rows):
+        def make_params(X, sw_train, rows, left_out=None):
             n_train = X.shape[0] if rows is None else rows.shape[0]
             # the rows' nonzeros (a pass over the values) size "auto"'s beta alone
-            mean_nnz = (rows_nnz(X, rows, backend) / max(n_train, 1) if self.beta == "auto"
-                        else 1.0)
+            mean_nnz = (rows_nnz(X, rows, backend, left_out) / max(n_train, 1)
+                        if self.beta == "auto" else 1.0)
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
                                               float(np.sum(sw_train)), mean_nnz, multiplier)
             return StepParams(

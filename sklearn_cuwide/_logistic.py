@@ -549,7 +549,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         loss = "logistic" if D == 1 else "multinomial"
         adagrad = self.solver == "adagrad"
 
-        def make_params(X, sw_train, rows):
+        def make_params(X, sw_train, rows, left_out=None):
             S = float(sw_train.sum())
             l2_w, l1 = 0.0, 0.0
             if math.isfinite(C):

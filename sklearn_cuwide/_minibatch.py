@@ -123,10 +123,10 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     schedule : Schedule
     n_outputs, n_factors : int
         The shape of one head's model (they size the layout's tiles).
-    make_params : callable ``(X, sw_train, rows) -> StepParams``
+    make_params : callable ``(X, sw_train, rows, left_out) -> StepParams``
         The step hyperparameters for the training rows ``rows`` of ``X``
-        (None: all of them; ``sw_train`` their weights, see
-        :func:`rows_nnz`).
+        (None: all of them; ``sw_train`` their weights; ``left_out`` the
+        other rows, or None: see :func:`rows_nnz`).
     init_state : callable ``(head, t_train, sw_train, seed) -> ModelState``
         A head's fresh starting state (numpy, user feature order).
     warm : list of ModelState or None
@@ -175,7 +175,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             Xv, swv = _held_out_rows(X, va, backend, staged), sample_weight[va]
             sample_weight = sample_weight[tr]
             progress.stage("validation split")
-        params = make_params(X, sample_weight, tr)
+        params = make_params(X, sample_weight, tr, va)
         # a continued model's epoch over a part of the data (partial_fit) trains
         # the features the part holds: the other rows of the model are copied
         # over, not laid out, moved or permuted (O(part), not O(n_features));
@@ -550,22 +550,34 @@ def _still_falling(curve, tol):
     return len(curve) >= 2 and curve[-1] < min(curve[:-1]) - tol
 
 
-def rows_nnz(X, rows, backend):
+def rows_nnz(X, rows, backend, left_out=None):
     """Nonzeros of the rows ``rows`` of the CSR ``X`` (None: all): its
     stored entries less those whose value is 0.  Rule: a stored zero counts
     for nothing.  Why: the layout drops it (no occurrence of its feature),
     so the same matrix with or without stored zeros trains the same model,
-    its ``"auto"`` penalties included."""
+    its ``"auto"`` penalties included.  ``left_out``: the other rows of
+    ``X`` (early stopping's held-out rows), whose stored entries are
+    counted instead where they are fewer (the whole matrix's less
+    theirs)."""
     xp, zero_rows = _stored_zero_rows(X, backend)
+    total = int(X.nnz) - (0 if zero_rows is None else int(zero_rows.shape[0]))
     if rows is None:
-        return int(X.nnz) - (0 if zero_rows is None else int(zero_rows.shape[0]))
-    r = backend.to_device(rows) if xp is not np else rows
-    held = int((X.indptr[r + 1] - X.indptr[r]).sum())
+        return total
+    if zero_rows is None and left_out is not None and left_out.shape[0] < rows.shape[0]:
+        return total - _stored(X, left_out, xp, backend)
+    held = _stored(X, rows, xp, backend)
     if zero_rows is None:
         return held
+    r = backend.to_device(rows) if xp is not np else rows
     chosen = xp.zeros(X.shape[0], dtype=bool)
     chosen[r] = True
     return held - int(chosen[zero_rows].sum())
+
+
+def _stored(X, rows, xp, backend):
+    """Stored entries of the rows ``rows`` (numpy) of the CSR ``X``."""
+    r = backend.to_device(rows) if xp is not np else rows
+    return int((X.indptr[r + 1] - X.indptr[r]).sum())
 
 
 def _stored_zero_rows(X, backend):

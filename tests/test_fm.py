@@ -450,7 +450,8 @@ def test_regressor_small_data_step_follows_the_rows_nonzeros():
 
 def test_rows_nnz_against_a_loop():
     """The "auto" factor penalty's nonzeros of the training rows: stored
-    zeros not counted, with and without a row subset."""
+    zeros not counted, with and without a row subset, with and without its
+    complement handed over."""
     from sklearn_cuwide._backends import get_backend
     from sklearn_cuwide._minibatch import rows_nnz
 
@@ -465,6 +466,11 @@ def test_rows_nnz_against_a_loop():
         assert X.nnz > np.count_nonzero(dense) or not zeros
         assert rows_nnz(X, None, cpu) == np.count_nonzero(dense)
         assert rows_nnz(X, rows, cpu) == np.count_nonzero(dense[rows])
+        # counted through the other rows where the caller hands them over
+        other = np.setdiff1d(np.arange(60), rows)
+        for r in (rows, other):
+            rest = np.setdiff1d(np.arange(60), r)
+            assert rows_nnz(X, r, cpu, rest) == np.count_nonzero(dense[r])
 
 
 @pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
