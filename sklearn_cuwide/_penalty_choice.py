@@ -35,6 +35,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._loss import pointwise_loss
 from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
+from ._sparse import canonical_csr
 from ._warn import warn
 
 __all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "MIN_ROWS", "MAX_ROWS",
@@ -117,6 +118,7 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
     is stratified on ``stratify`` with ``seed`` (None: a plain random
     fifth); the fits' warnings (each trains to ``max_iter`` or the
     training-loss rule) are the final fit's to give, not theirs."""
+    X = canonical_csr(X)  # rows are taken of a CSR (a COO matrix has none)
     tr, va = _validation_split(target.shape[0], CHOICE_FRACTION, stratify, seed)
     Xt, Xv = _take_rows(X, tr, backend), _take_rows(X, va, backend)
     losses = []

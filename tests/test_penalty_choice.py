@@ -341,3 +341,26 @@ def test_shared_draws_gives_copies_of_one_kept_draw():
     np.testing.assert_array_equal(other, plain[::-1])
     a[...] = 0  # a fit trains its own copy
     np.testing.assert_array_equal(b, plain)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csc", "lil"])
+def test_the_choice_takes_any_sparse_format(fmt):
+    """A matrix of another sparse format (``sp.hstack`` gives COO) in the
+    held-out choice's range of rows: the CSR's model, bit for bit, for the
+    classifier and the regressor."""
+    import scipy.sparse as sp
+
+    from sklearn_cuwide import GPUFactorizationMachineRegressor
+
+    X, y = _data(n=2500)
+    Z = X.asformat(fmt)
+    args = dict(n_factors=4, max_iter=3, random_state=0, device="cpu")
+    for est, target in ((GPUFactorizationMachine(**args), y),
+                        (GPUFactorizationMachineRegressor(**args), y + 0.1 * X.sum(axis=1).A1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a, b = clone(est).fit(X, target), clone(est).fit(Z, target)
+        assert a.penalty_multiplier_ == b.penalty_multiplier_
+        for k in ("coef_", "intercept_", "factors_"):
+            np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=k)
+    assert isinstance(Z, (sp.coo_matrix, sp.csc_matrix, sp.lil_matrix))
