@@ -326,16 +326,16 @@ class PredictShape:
 # --------------------------------------------------------------------------
 # the needs
 # --------------------------------------------------------------------------
-def _validation_parts(s, where):
+def _validation_parts(s, where, staged=False):
     """The early-stopping split's copies (``_minibatch.fit_heads``): the
-    held-out rows, copied from ``X`` where it lives (a host matrix whose
-    layout the CUDA backend builds from its whole upload: on the device,
-    from that upload; the host part still counts a host copy, an
-    overestimate there), and gathered once more
+    held-out rows, copied from ``X`` where it lives, and gathered once more
     by the layout's plan for the training rows' feature counts (the training
     rows are laid out from ``X`` itself); the held-out rows in the layout's
     feature order (a host copy), then on the backend with their targets,
-    weights and decision values."""
+    weights and decision values.  ``staged``: the host part of a fit whose
+    layout the CUDA backend builds from the whole upload of a host matrix,
+    which gathers the held-out rows on the device from that upload (the
+    host keeps the split's marks alone)."""
     if s.validation_fraction is None:
         return {}
     n_val = int(math.ceil(s.validation_fraction * s.n_rows))
@@ -343,9 +343,11 @@ def _validation_parts(s, where):
     held = csr_bytes(nnz_val, n_val, s.index_itemsize, s.value_itemsize)
     scores = n_val * s.n_outputs * (4 + 8 + 3 * 8) + 2 * 8 * n_val
     parts = {}
-    if (where == "device") == s.on_device:
+    if staged:
+        parts["the early-stopping split's marks"] = s.n_rows
+    elif (where == "device") == s.on_device:
         parts["the early-stopping split's copies of the held-out rows"] = 2 * held + s.n_rows
-    if where == "host":
+    if where == "host" and not staged:
         parts["the held-out rows in the layout's feature order"] = held
     parts["the held-out rows' scores"] = scores
     if where == "device":  # copied in, then in the layout's feature order
@@ -366,7 +368,11 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
     lay = layout_bytes(s.nnz, s.n_rows, s.batch_size, s.sample_block)
     state = state_bytes(s.n_features, s.n_outputs, s.n_factors, s.adagrad)
     d, n = s.n_features, s.n_rows
-    val = _validation_parts(s, where)
+    # a fresh fit's layout built from the whole upload of a host matrix: its
+    # held-out rows are gathered from that upload (``StagedInput.hold_out``)
+    staged = (where == "host" and layout == "device" and csr_whole and not s.on_device
+              and not s.warm)
+    val = _validation_parts(s, where, staged)
     host_built = layout in ("host", "uploaded", "streamed")
     phases = {}
     if where == "host":
@@ -583,7 +589,7 @@ def fit_needs(shape, backend, layout=None, build_chunk_nnz=None, csr_whole=False
         return out
     if backend == "cpu":
         return {"host": _minibatch_parts(shape, "host", "host")}
-    return {"host": _minibatch_parts(shape, "host", layout, build_chunk_nnz),
+    return {"host": _minibatch_parts(shape, "host", layout, build_chunk_nnz, csr_whole),
             "device": _minibatch_parts(shape, "device", layout, build_chunk_nnz, csr_whole)}
 
 

@@ -6,6 +6,8 @@ allocate, with the estimator left as it was."""
 import threading
 import tracemalloc
 
+import math
+
 import numpy as np
 import pytest
 from dataclasses import replace
@@ -158,6 +160,32 @@ def _shape(**kw):
                 batch_size=1024, sample_block=512)
     base.update(kw)
     return _memory.FitShape(**base)
+
+
+def test_the_held_out_rows_of_a_staged_fit_are_not_copied_on_the_host():
+    """Early stopping's held-out rows: a fresh fit whose layout is built from
+    the whole upload of a host matrix gathers them on the device (the host
+    keeps the split's marks); a continued fit, a layout planned on the host
+    and a matrix on the device keep their copies where they were."""
+    s = _shape(validation_fraction=0.1, warm=False)
+    n_val, nnz_val = 10**5, int(math.ceil(0.1 * s.nnz))
+    held = _memory.csr_bytes(nnz_val, n_val, 4, 4)
+
+    def host(shape, csr_whole):
+        return _memory.fit_needs(shape, "cuda", "device", csr_whole=csr_whole)["host"]
+
+    staged = host(s, True)["training"]
+    assert staged["the early-stopping split's marks"] == s.n_rows
+    assert not any("copies of the held-out rows" in k or "layout's feature order" in k
+                   for k in staged)
+    for other in (host(s, False), host(replace(s, warm=True), True)):
+        parts = other["training"]
+        assert parts["the early-stopping split's copies of the held-out rows"] == (
+            2 * held + s.n_rows)
+    device = _memory.fit_needs(s, "cuda", "device", csr_whole=True)["device"]
+    assert device["training"]["the held-out rows on the device"] == 2 * held
+    on_device = host(replace(s, on_device=True), True)["training"]
+    assert "the early-stopping split's marks" not in on_device
 
 
 def test_a_fresh_model_starts_as_its_weights(monkeypatch):
