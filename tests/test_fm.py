@@ -521,3 +521,27 @@ def test_mean_row_nonzeros_against_a_loop():
     assert got == pytest.approx(ref)
     allw = sum(w * np.count_nonzero(row) for w, row in zip(sw, dense)) / sw.sum()
     assert mean_row_nonzeros(X, None, sw, get_backend("cpu")) == pytest.approx(allw)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open: Adagrad's first normalized step moves a row's factors together, so "
+    "the pairwise term grows with the step squared whatever the label "
+    "(docs/design/defaults.rst, 'Why the first steps jump')"))
+def test_a_first_partial_fit_of_negatives_lowers_the_positive_rate():
+    """One ``partial_fit`` of rows whose labels are all 0: the predicted
+    probability of the positive class falls below the fresh model's 0.5,
+    as the logistic regression's does."""
+    import warnings
+
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, _ = make_ctr_classification(500, 64, random_state=0)[:2]
+    y0 = np.zeros(X.shape[0], dtype=int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lr = GPULogisticRegression(solver="adagrad", device="cpu", random_state=0)
+        lr.partial_fit(X, y0, classes=[0, 1])
+        fm = GPUFactorizationMachine(device="cpu", random_state=0)
+        fm.partial_fit(X, y0, classes=[0, 1])
+    assert lr.predict_proba(X)[:, 1].mean() < 0.5
+    assert fm.predict_proba(X)[:, 1].mean() < 0.5
