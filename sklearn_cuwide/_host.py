@@ -86,14 +86,13 @@ def split_flags(flags, runs=None):
     yes = np.empty(int(n_true.sum()), dtype=np.int64)
     no = np.empty(n - yes.shape[0], dtype=np.int64)
 
-    def write(k, ab):
-        a, b = ab
+    def write(k, a, b):
         f, t0 = flags[a:b], int(first_true[k])
         yes[t0:t0 + int(n_true[k])] = np.flatnonzero(f) + a
         f0 = a - t0
         no[f0:f0 + (b - a) - int(n_true[k])] = np.flatnonzero(~f) + a
 
-    _each(write, list(enumerate(runs)))
+    each_of(runs, write, with_index=True)
     return no, yes
 
 
