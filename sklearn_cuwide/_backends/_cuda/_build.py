@@ -118,15 +118,9 @@ class CudaBuildKernels(_layout.BuildKernels):
         if users is None:  # the rows of indptr: their nonzeros lie in order
             n_rows = int(indptr.shape[0]) - 1
             out_ptr = indptr
-        else:  # each row's place in the chunk: its length, summed
+        else:  # each row's place in the chunk
             n_rows = int(users.shape[0])
-            lens = cp.zeros(n_rows + 1, dtype=cp.int64)
-            if n_rows:
-                mod["cuwide_batch_nnz"]((_warp_blocks(n_rows),), (_THREADS,),
-                                        (indptr, users, np.int64(n_rows), np.int64(1),
-                                         np.int64(n_rows), lens[1:]))
-            out_ptr = cp.cumsum(lens)
-            del lens
+            out_ptr = _row_places(mod, indptr, users)
         nnz = p.chunk_nnz(k)
         key = cp.empty(nnz, dtype=cp.int64)
         val = cp.empty(nnz, dtype=self.dtype)
@@ -184,6 +178,18 @@ class CudaBuildKernels(_layout.BuildKernels):
 
 
 
+def _row_places(mod, indptr, users):
+    """The offsets (int64, one more than ``users``) at which rows ``users``
+    of ``indptr`` lie once written one after another: each row's length
+    (the build module's batch-length kernel with batches of one row), summed."""
+    n = int(users.shape[0])
+    lens = cp.zeros(n + 1, dtype=cp.int64)
+    if n:
+        mod["cuwide_batch_nnz"]((_warp_blocks(n),), (_THREADS,),
+                                (indptr, users, np.int64(n), np.int64(1), np.int64(n), lens[1:]))
+    return cp.cumsum(lens)
+
+
 def rows_of_arrays(indptr, indices, data, shape, rows):
     """Rows ``rows`` (integer indices, numpy or cupy) of a canonical CSR of
     ``shape`` given by its device arrays: a canonical cupyx CSR (early
@@ -193,12 +199,7 @@ def rows_of_arrays(indptr, indices, data, shape, rows):
     indptr = indptr.astype(cp.int64, copy=False)
     users = cp.asarray(rows, dtype=cp.int64)
     n = int(users.shape[0])
-    lens = cp.zeros(n + 1, dtype=cp.int64)
-    if n:
-        mod["cuwide_batch_nnz"]((_warp_blocks(n),), (_THREADS,),
-                                (indptr, users, np.int64(n), np.int64(1), np.int64(n), lens[1:]))
-    out_ptr = cp.cumsum(lens)
-    del lens
+    out_ptr = _row_places(mod, indptr, users)
     nnz = int(out_ptr[-1].get())
     out_indices = cp.empty(nnz, dtype=indices.dtype)
     out_data = cp.empty(nnz, dtype=data.dtype)

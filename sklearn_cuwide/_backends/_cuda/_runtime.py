@@ -260,13 +260,11 @@ def put_csr(X, dtype=None):
         X = canonical_csr(X)  # canonical on the host, then copied
         check_index_width(X)  # an older cupy would cast its indices to int32
         if X.nnz >= PINNED_UPLOAD_NNZ:  # pageable copies run at a fraction of pinned ones
-            indptr, indices, data = _upload.upload_csr(X, cp)
-            X = cpsp.csr_matrix((data, indices, indptr.astype(indices.dtype)),
-                                shape=X.shape)
+            arrays = _upload.upload_csr(X, cp)
         else:
-            X = cpsp.csr_matrix(X)
+            arrays = (cp.asarray(X.indptr), cp.asarray(X.indices), cp.asarray(X.data))
         # canonical on the host: said so, not checked again by a device pass
-        X.has_canonical_format = True
+        X = csr_of_arrays(*arrays, X.shape)
     return canonical_csr(X, dtype)
 
 
