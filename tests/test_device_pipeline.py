@@ -457,6 +457,36 @@ def test_staged_upload_then_built_on_the_device(rows):
     assert other._csr is None and other._order is None
 
 
+def test_held_out_rows_are_gathered_after_the_build(monkeypatch):
+    """The held-out rows are copied out of the staged upload once the
+    layout is built from it, not before: the build's sorts, the fit's
+    device peak, never hold that copy beside them."""
+    up = _upload_module()
+    X = _problem(np.random.default_rng(5))
+    kw = _kw(True, 64, 30)
+    kw["rows"] = np.arange(0, X.shape[0], 2)
+    events = []
+    real_build = up._layout.build_layout_csr
+
+    def build(*a, **k):
+        events.append("build")
+        return real_build(*a, **k)
+
+    def gather(*a):
+        events.append("gather")
+        return _held_gather(*a)
+
+    monkeypatch.setattr(up._layout, "build_layout_csr", build)
+    fake = _FakeCupy()
+    staged = up.StagedInput(X, fake, kw["rows"].shape[0], True, kw["random_state"],
+                            gather=gather)
+    held = staged.hold_out(np.arange(1, X.shape[0], 2))
+    up.build_on_device(X, fake, staged=staged, **kw)
+    staged.close()
+    assert events == ["build", "gather"]
+    _assert_csr_equal(held.result(), X[1::2])
+
+
 def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     """fit_heads hands the backend's staged input to build_layout, asks it
     for the held-out rows, and closes it after; it closes it too when the

@@ -405,8 +405,9 @@ class StagedInput:
     handle keeps no reference to them after); :meth:`close` waits for the
     work, so that an interrupted fit's device arrays are freed after their
     copies end.  Rows named by :meth:`hold_out` (early stopping's held-out
-    rows) are gathered from the uploaded copy when it is taken, before the
-    layout is built from it: the host neither gathers nor copies them.
+    rows) are gathered from the uploaded copy once the layout is built from
+    it (:meth:`gather_held`): the host neither gathers nor copies them, and
+    the build's sorts run without their copy beside them.
     ``gather``: ``(indptr, indices, data, shape, rows) -> matrix``, those
     rows of the uploaded arrays as a device matrix (None: no gather there).
     """
@@ -431,7 +432,7 @@ class StagedInput:
 
     def hold_out(self, rows):
         """A :class:`HeldOut` of the rows ``rows`` (sorted numpy indices) of
-        ``X``, gathered on the device when :meth:`take` hands the upload over."""
+        ``X``, gathered on the device by :meth:`gather_held`."""
         self._held = HeldOut(self.X, rows)
         return self._held
 
@@ -439,10 +440,14 @@ class StagedInput:
         """``((indptr, indices, data), row_order)``, waiting for them."""
         csr, order = self._csr.result(), self._order.result()
         self._csr = self._order = None
+        return csr, order
+
+    def gather_held(self, csr):
+        """The rows of :meth:`hold_out`, gathered from ``csr`` (the arrays
+        :meth:`take` handed over) into their handle; once only."""
         held, self._held = self._held, None
         if held is not None and self._gather is not None:
             held.matrix = self._gather(*csr, self.X.shape, held.rows)
-        return csr, order
 
     def close(self):
         """Wait for what is still running (and drop its results)."""
@@ -472,9 +477,12 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
                              plan_kw.get("random_state"), upload_chunk_nnz)
     elif staged.X is not X or staged.n_rows != n_rows:
         raise ValueError("the staged input is of another matrix or number of rows")
-    (indptr, indices, data), row_order = staged.take()
-    return _layout.build_layout_csr(X.shape, indptr, indices, data, xp=xp, dtype=dtype,
-                                    chunk_nnz=chunk_nnz, row_order=row_order, **plan_kw)
+    csr, row_order = staged.take()
+    layout = _layout.build_layout_csr(X.shape, *csr, xp=xp, dtype=dtype, chunk_nnz=chunk_nnz,
+                                      row_order=row_order, **plan_kw)
+    # after the build: the peak of its sorts holds no copy of the held-out rows
+    staged.gather_held(csr)
+    return layout
 
 
 def stream_chunks(up, host_arrays, bounds, order, compute_stream, resident=None,
