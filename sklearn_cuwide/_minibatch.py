@@ -800,11 +800,12 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, 
     step diverge; at the usual batch sizes the full batch's ``lambda_max``
     is the larger.
 
-    A matrix held by the backend is used there, in float64: only the norm of
-    each iterate reaches the host.
+    The iterations run on the backend's device, in float64 (a host
+    matrix's rows chosen on the host, then copied): only the norm of each
+    iterate reaches the host.  Why: each iteration reads a vector of a
+    value per feature at random, which the host's one core does in tens of
+    milliseconds at millions of features.
     """
-    on_device = backend.holds(X)
-    xp = backend.xp if on_device else np
     X = canonical_csr(X)
     sw = np.asarray(sw, dtype=np.float64)
     rng = np.random.default_rng(seed)
@@ -814,6 +815,9 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, 
         X, sw = _take_rows(X, pick if rows is None else rows[pick], backend), sw[pick]
     elif rows is not None:
         X = _take_rows(X, rows, backend)
+    X = backend.put_csr(X)
+    on_device = backend.holds(X)
+    xp = backend.xp if on_device else np
     S = sw.sum()
     d = X.shape[1]
     v = rng.standard_normal(d + 1)

@@ -377,6 +377,30 @@ def test_sgd_automatic_step_bounds_a_long_rows_share_of_its_batch(batch_size):
     assert np.all(np.diff(fm.loss_curve_) < 0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [False, True])
+def test_sgd_automatic_step_of_a_host_matrix_on_the_gpu(split):
+    """sgd's ``learning_rate="auto"`` of a scipy matrix, whose iterations
+    run on the device: the float64 reference's, for all rows and for an
+    early-stopping split's training rows, weighted."""
+    import scipy.sparse as sp
+
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._device import cuda_device_count
+    from sklearn_cuwide._minibatch import auto_learning_rate
+
+    if cuda_device_count() == 0:
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(4)
+    X = sp.random(400, 60, density=0.08, format="csr", dtype=np.float32, random_state=rng)
+    sw = rng.uniform(0.5, 2.0, 400)
+    rows = np.sort(rng.choice(400, 300, replace=False)) if split else None
+    Xr, swr = (X, sw) if rows is None else (X[rows], sw[rows])
+    got = auto_learning_rate("sgd", X, swr, loss="logistic", fit_intercept=True,
+                             backend=get_backend("cuda"), batch_size=32, rows=rows)
+    assert_allclose(got, _sgd_step_reference(Xr, swr, 32, 0.25), rtol=1e-6)
+
+
 def test_scikit_learn_logistic_regression_code_runs_unchanged():
     """scikit-learn's LogisticRegression parameters that have no effect here
     are accepted as there (dual=False, intercept_scaling, n_jobs), and its
