@@ -203,7 +203,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
         plan = _memory.active_plan()  # the model's rows on the device (None: all)
         model_rows = None if plan is None else plan.model_rows
-        backend.release_cached()  # under a limit the build's freed blocks count against it
+        backend.release_cached()  # the build's freed blocks, before the training's
     finally:
         if staged is not None:  # interrupted: its copies end before its arrays go
             staged.close()

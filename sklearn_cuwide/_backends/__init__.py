@@ -62,10 +62,9 @@ class Backend(Protocol):
         the CPU, whose host memory the planner checks for every backend."""
 
     def release_cached(self):
-        """Under a ``device_memory_limit``, give the current device's memory
-        pool's unused blocks back (a fit does between its phases: the pool's
-        cache counts against the limit); without one, and on the CPU,
-        nothing."""
+        """Give the current device's memory pool's unused blocks back (a fit
+        does between its phases: the blocks one phase freed need not fit the
+        next one's, and the device would hold both); on the CPU, nothing."""
 
     def device_scope(self, device):
         """A context manager: the scope of one fit or prediction on

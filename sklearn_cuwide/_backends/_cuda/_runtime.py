@@ -12,7 +12,6 @@ import cupyx.scipy.sparse as cpsp
 import numpy as np
 
 from ... import _memory
-from ..._config import get_config
 from ..._sparse import canonical_csr
 from ..._state import ModelState
 from .. import _concurrency, _tiles
@@ -67,12 +66,11 @@ def release_pools(device=None):
 
 
 def release_cached():
-    """The current device's pool's unused blocks given back under a
-    ``device_memory_limit`` (between a limited fit's phases: blocks a phase
-    freed are still held, and the next phase's sizes may not fit in them);
-    without one they stay cached for the next allocation."""
-    if get_config()["device_memory_limit"] is not None:
-        cp.get_default_memory_pool().free_all_blocks()
+    """The current device's pool's unused blocks given back (between a
+    fit's phases).  Why: the blocks a phase freed are still held, and the
+    next phase's sizes need not fit in them, so the device would hold both
+    (against a ``device_memory_limit`` too)."""
+    cp.get_default_memory_pool().free_all_blocks()
 
 
 _NO_CUB = {"depth": 0, "saved": None}
