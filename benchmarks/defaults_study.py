@@ -304,18 +304,16 @@ def epoch_curves(split, setting, epochs, seed=0):
 # --------------------------------------------------------------------------
 def stopping_epoch(val_loss, n_iter_no_change=5, tol=1e-4):
     """Early stopping with the best epoch restored, on a validation curve:
-    the epoch (1-based) whose model it returns."""
-    best, best_e, bad = math.inf, 0, 0
-    for e, v in enumerate(val_loss, 1):
-        if v < best - tol:
-            bad = 0
-        else:
-            bad += 1
-        if v < best:
-            best, best_e = v, e
-        if bad >= n_iter_no_change:
+    the epoch (1-based) whose model it returns (the estimators' rule,
+    :func:`sklearn_cuwide._solvers.validation_stalled`)."""
+    from sklearn_cuwide._solvers import validation_stalled
+
+    curve = list(val_loss)
+    for e in range(1, len(curve) + 1):
+        if validation_stalled(curve[:e], tol, n_iter_no_change):
+            curve = curve[:e]
             break
-    return max(best_e, 1)
+    return int(np.argmin(curve)) + 1 if curve else 1
 
 
 def tol_rule_epoch(train_loss, max_iter, n_iter_no_change=5, tol=1e-4):

@@ -109,9 +109,11 @@ _FM_PARAMS_DOC = """
     max_iter : int, default=100
         Most epochs (at least 1, as scikit-learn's SGDClassifier).
     tol : float or None, default=1e-4
-        Stop when the monitored loss has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs: the validation loss with early
-        stopping, else the training loss; None runs ``max_iter`` epochs.
+        With early stopping, stop when the least validation loss of the
+        last ``n_iter_no_change`` epochs is not ``tol`` below the least of
+        the epochs before them; without, when the training loss has not
+        improved by ``tol`` for ``n_iter_no_change`` epochs.  None runs
+        ``max_iter`` epochs.
     early_stopping : "auto" or bool, default="auto"
         Hold out ``validation_fraction`` of the training data (stratified
         for the classifier), stop on its loss, and keep the model of the
@@ -121,7 +123,7 @@ _FM_PARAMS_DOC = """
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
-        Epochs without improvement before stopping.
+        Epochs without improvement by ``tol`` before stopping.
     shuffle : bool, default=True
         Shuffle the rows once and the order of the mini-batches every epoch.
     warm_start : bool, default=False

@@ -134,9 +134,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         scikit-learn's LogisticRegression does.
     tol : float or None, default=1e-4
         ``"lbfgs"``: stop when the largest gradient entry is at most ``tol``.
-        Mini-batch solvers: stop when the monitored loss (the validation
-        loss with early stopping, else the training loss) has not improved
-        by ``tol`` for ``n_iter_no_change`` epochs.  ``None``: no such rule;
+        Mini-batch solvers: with early stopping, stop when the least
+        validation loss of the last ``n_iter_no_change`` epochs is not
+        ``tol`` below the least of the epochs before them; without, when
+        the training loss has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs.  ``None``: no such rule;
         ``max_iter`` epochs, or for L-BFGS at most ``max_iter`` iterations
         (it also ends where the objective no longer decreases: a relative
         decrease below 64 machine epsilons, or a line search that finds no
@@ -184,7 +186,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     n_iter_no_change : int, default=5
-        Epochs without improvement before stopping (mini-batch solvers).
+        Epochs without improvement by ``tol`` before stopping (mini-batch
+        solvers).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         Where to fit: ``"auto"`` uses the first usable GPU, else the CPU;
         ``"cuda"`` without a usable GPU raises.

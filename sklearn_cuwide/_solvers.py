@@ -277,9 +277,10 @@ def fit_minibatch(
     max_iter : int
         Epochs.
     tol : float or None
-        Stop when the monitored loss (validation loss if ``validation`` is
-        given, else the training loss) has not improved by ``tol`` for
-        ``n_iter_no_change`` epochs.
+        With ``validation``: stop when the least validation loss of the last
+        ``n_iter_no_change`` epochs is not ``tol`` below the least before
+        them (:func:`validation_stalled`); without: when the training loss
+        has not improved by ``tol`` for ``n_iter_no_change`` epochs.
     shuffle : bool
         Visit the mini-batches in a new random order every epoch.
     validation : tuple (X_val, y_val, sw_val) or None
@@ -417,6 +418,10 @@ def fit_minibatch(
         label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
         if tol is not None:
+            if val is not None:
+                if validation_stalled(val_curve, tol, n_iter_no_change):
+                    break
+                continue
             if monitored > best - tol:
                 no_improve += 1
             else:
@@ -456,6 +461,22 @@ def _stage_name(backend, name):
     return backend.stage_names.get(name, name)
 
 
+def validation_stalled(val_curve, tol, n_iter_no_change):
+    """Early stopping's rule after the last epoch of ``val_curve``: stop
+    when the least validation loss of the last ``n_iter_no_change`` epochs
+    is not ``tol`` below the least of the epochs before them (as
+    scikit-learn's ``HistGradientBoostingClassifier`` compares with the
+    score ``n_iter_no_change`` iterations back).  Why not each epoch
+    against ``tol``, as the training-loss rule does: a validation loss that
+    falls by less than ``tol`` an epoch, but steadily, is still a better
+    model each epoch, and that rule stopped it (docs/design/defaults.rst,
+    "The early-stopping rule")."""
+    k = int(n_iter_no_change)
+    if len(val_curve) <= k:
+        return False
+    return min(val_curve[-k:]) > min(val_curve[:-k]) - tol
+
+
 def training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol):
     """The line ``verbose`` ends a fit's epochs with when the training-loss
     rule stopped it before ``max_iter``."""
@@ -470,8 +491,8 @@ def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_c
     """The line ``verbose`` ends an early-stopped fit's epochs with: why it
     stopped, and which epoch's model it keeps (``best_iteration_``)."""
     if n_iter < int(max_iter):
-        why = (f"no improvement of the validation loss by tol={tol:g} for "
-               f"{n_iter_no_change} epochs")
+        why = (f"the validation loss of the last {n_iter_no_change} epochs did not "
+               f"improve on the epochs before by tol={tol:g}")
     else:
         why = f"max_iter={int(max_iter)} epochs reached"
     best = int(np.argmin(val_curve)) + 1 if kept_best else n_iter

@@ -22,6 +22,27 @@ def test_stopping_epoch_is_the_best_before_patience_runs_out():
     # a later, better epoch is found while patience lasts
     assert ds.stopping_epoch([0.5, 0.4, 0.3, 0.31, 0.2], n_iter_no_change=2) == 5
     assert ds.stopping_epoch([0.5], n_iter_no_change=5) == 1
+    # a loss falling by less than tol an epoch, but by more than tol over
+    # the patience's epochs, runs on
+    slow = [0.5 - 4e-5 * e for e in range(12)]
+    assert ds.stopping_epoch(slow, n_iter_no_change=3, tol=1e-4) == 12
+    assert ds.stopping_epoch(slow, n_iter_no_change=2, tol=1e-4) == 3
+
+
+def test_stopping_epoch_matches_the_estimators_rule():
+    """The study's reading of a validation curve keeps the epoch an
+    early-stopped fit keeps: a fit of many epochs, its curve cut by the
+    study's rule, against the estimator's own stop."""
+    from sklearn_cuwide import GPULogisticRegression
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(12000, 2**10, n_fields=6, n_numeric=2, random_state=0)
+    kw = dict(solver="adagrad", early_stopping=True, device="cpu", random_state=0)
+    est = GPULogisticRegression(tol=1e-3, n_iter_no_change=2, max_iter=60, **kw).fit(X, y)
+    assert est.n_iter_[0] < 60  # stopped by the rule
+    long = GPULogisticRegression(tol=None, max_iter=est.n_iter_[0] + 3, **kw).fit(X, y)
+    curve = -long.validation_score_
+    assert ds.stopping_epoch(curve, n_iter_no_change=2, tol=1e-3) == est.best_iteration_
 
 
 def test_tol_rule_epoch_matches_the_estimators_rule():

@@ -85,6 +85,25 @@ def test_early_stopping_stops_after_n_iter_no_change(ctr):
     assert (losses[est.best_iteration_:] >= losses[est.best_iteration_ - 1]).all()
 
 
+def test_a_validation_loss_falling_slowly_but_steadily_does_not_stop_the_fit():
+    """The rule compares the last n_iter_no_change epochs with the epochs
+    before them, not each epoch with tol: a loss falling by less than tol
+    an epoch but by more over the window runs on; a plateau, a rise or a
+    window's gain under tol stops it; never before n_iter_no_change + 1
+    epochs."""
+    from sklearn_cuwide._solvers import validation_stalled
+
+    slow = [0.6 - 3e-5 * e for e in range(20)]  # 3e-5 an epoch, tol 1e-4
+    assert not any(validation_stalled(slow[:e], 1e-4, 5) for e in range(1, 21))
+    # the training-loss rule's reading (each epoch against tol) would stop at 6
+    assert validation_stalled(slow[:4], 1e-4, 3)  # 9e-5 over three epochs
+    assert not validation_stalled([0.5] * 5, 1e-4, 5)  # too few epochs to judge
+    assert validation_stalled([0.5] * 6, 1e-4, 5)
+    rise = [0.5, 0.4, 0.41, 0.42, 0.39995]  # best again, but by less than tol
+    assert validation_stalled(rise, 1e-4, 3)
+    assert not validation_stalled(rise[:-1] + [0.3999], 1e-4, 3)
+
+
 def test_without_early_stopping_the_last_epoch_is_kept(ctr):
     X, y = ctr
     kw = dict(learning_rate=0.3, alpha=0.0, beta=0.0, init_scale=0.1, random_state=0,

@@ -35,8 +35,9 @@ ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s: loss [\
                         r"[\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
 FIT = re.compile(r"^Fit: \d+\.\d{3} s on (?:cpu|cuda:\d+), ([\d,]+) samples processed "
                  r"\(rows times passes over them\), [\d,]+ samples/s$")
-STOPPED = re.compile(r"^(?:Model \d+ of \d+, s|S)topped after epoch (\d+): (?:no "
-                     r"improvement of the validation loss by tol=\S+ for \d+ epochs|"
+STOPPED = re.compile(r"^(?:Model \d+ of \d+, s|S)topped after epoch (\d+): (?:the "
+                     r"validation loss of the last \d+ epochs did not improve on the "
+                     r"epochs before by tol=\S+|"
                      r"max_iter=\d+ epochs reached); the model of epoch (\d+) "
                      r"\(best_iteration_\), validation loss [\d.]+, is kept$")
 
@@ -242,7 +243,8 @@ def test_a_span_that_compiled_kernels_says_so(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("max_iter,n_iter_no_change,why", [
-    (50, 2, "no improvement of the validation loss by tol=0.0001 for 2 epochs"),
+    (50, 2, "the validation loss of the last 2 epochs did not improve on the epochs "
+            "before by tol=0.0001"),
     (3, 5, "max_iter=3 epochs reached"),
 ])
 def test_early_stopping_says_why_it_stopped_and_what_it_kept(binary, capsys, max_iter,
