@@ -304,13 +304,13 @@ def epoch_curves(split, setting, epochs, seed=0):
 # --------------------------------------------------------------------------
 def stopping_epoch(val_loss, n_iter_no_change=5, tol=1e-4):
     """Early stopping with the best epoch restored, on a validation curve:
-    the epoch (1-based) whose model it returns (the estimators' rule,
-    :func:`sklearn_cuwide._solvers.validation_stalled`)."""
-    from sklearn_cuwide._solvers import validation_stalled
-
-    curve = list(val_loss)
-    for e in range(1, len(curve) + 1):
-        if validation_stalled(curve[:e], tol, n_iter_no_change):
+    the epoch (1-based) whose model it returns.  The estimators' rule
+    (tests/test_defaults_study.py checks it against a fit): stop when the
+    least loss of the last ``n_iter_no_change`` epochs is not ``tol`` below
+    the least before them."""
+    curve, k = list(val_loss), int(n_iter_no_change)
+    for e in range(k + 1, len(curve) + 1):
+        if min(curve[e - k : e]) > min(curve[: e - k]) - tol:
             curve = curve[:e]
             break
     return int(np.argmin(curve)) + 1 if curve else 1

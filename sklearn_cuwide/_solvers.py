@@ -470,7 +470,8 @@ def validation_stalled(val_curve, tol, n_iter_no_change):
     against ``tol``, as the training-loss rule does: a validation loss that
     falls by less than ``tol`` an epoch, but steadily, is still a better
     model each epoch, and that rule stopped it (docs/design/defaults.rst,
-    "The early-stopping rule")."""
+    "The early-stopping rule"; ``benchmarks/defaults_study.py`` reads
+    curves by the same rule)."""
     k = int(n_iter_no_change)
     if len(val_curve) <= k:
         return False
