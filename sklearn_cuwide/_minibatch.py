@@ -807,7 +807,7 @@ def _sgd_learning_rate(X, sw, *, loss, fit_intercept, backend, batch_size=None, 
     rng = np.random.default_rng(seed)
     n = X.shape[0] if rows is None else int(rows.shape[0])
     if n > max_rows:
-        pick = np.sort(rng.choice(n, size=max_rows, replace=False))
+        pick = np.sort(_layout.keyed_permutation(n, [seed, 1], max_rows))
         X, sw = _take_rows(X, pick if rows is None else rows[pick], backend), sw[pick]
     elif rows is not None:
         X = _take_rows(X, rows, backend)

@@ -367,7 +367,6 @@ def fit_minibatch(
     # computed in it (the GPU): diverged on every backend alike
     loss_limit = float(np.finfo(dt).max)
     loss_curve, val_curve = [], []
-    best, no_improve = math.inf, 0
     # the best epoch's state (a copy on the backend) and its validation loss
     best_state, best_val = None, math.inf
     n_iter = 0
@@ -389,7 +388,6 @@ def fit_minibatch(
             raise _diverged(f"the training loss of epoch {n_iter} is {ep_loss:.4g}",
                             params)
         loss_curve.append(ep_loss)
-        monitored = ep_loss
         msg = f"loss {ep_loss:.6f}"
         if ooc is not None:
             msg += f", {ooc.n_windows:,} windows"
@@ -404,7 +402,6 @@ def fit_minibatch(
                 raise _diverged(f"the validation loss of epoch {n_iter} is {vl:.4g}",
                                 params)
             val_curve.append(vl)
-            monitored = vl
             if restore_best and vl < best_val:
                 best_val = vl
                 # the last epoch's state needs no copy: it is the one returned
@@ -417,18 +414,10 @@ def fit_minibatch(
             msg += f", validation loss {vl:.6f}"
         label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
-        if tol is not None:
-            if val is not None:
-                if validation_stalled(val_curve, tol, n_iter_no_change):
-                    break
-                continue
-            if monitored > best - tol:
-                no_improve += 1
-            else:
-                no_improve = 0
-            best = min(best, monitored)
-            if no_improve >= n_iter_no_change:
-                break
+        if tol is not None and (
+                validation_stalled(val_curve, tol, n_iter_no_change) if val is not None
+                else training_stalled(loss_curve, tol, n_iter_no_change)):
+            break
     restored = best_state is not None and val_curve and val_curve[-1] > best_val
     if val_curve:
         progress.note(_early_stopping_summary(
@@ -476,6 +465,18 @@ def validation_stalled(val_curve, tol, n_iter_no_change):
     if len(val_curve) <= k:
         return False
     return min(val_curve[-k:]) > min(val_curve[:-k]) - tol
+
+
+def training_stalled(loss_curve, tol, n_iter_no_change):
+    """The training-loss rule (no held-out rows) after the last epoch of
+    ``loss_curve``: stop when each of the last ``n_iter_no_change`` epochs
+    was not ``tol`` below the least loss before it, as scikit-learn's
+    ``SGDClassifier`` counts."""
+    best, bad = math.inf, 0
+    for v in loss_curve:
+        bad = bad + 1 if v > best - tol else 0
+        best = min(best, v)
+    return bad >= int(n_iter_no_change)
 
 
 def training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol):

@@ -14,13 +14,17 @@ arrays; neither sees an estimator.
   averaged, weighted by the partitions' rows.
 """
 
-import math
-
 import numpy as np
 
 from .._backends import _concurrency
 from .._minibatch import HeadResult
-from .._solvers import _diverged, check_finite_state, fit_lbfgs_summed, training_loss_stop
+from .._solvers import (
+    _diverged,
+    check_finite_state,
+    fit_lbfgs_summed,
+    training_loss_stop,
+    training_stalled,
+)
 from .._state import FitProgress
 from . import _shard
 from ._data import on_workers
@@ -108,8 +112,6 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
     active = list(range(n_heads))
     n_iter = [0] * n_heads
     curves = [[] for _ in range(n_heads)]
-    best = [math.inf] * n_heads
-    no_improve = [0] * n_heads
     loss_limit = float(np.finfo(states[0].w.dtype).max)
     for epoch in range(int(max_iter)):
         if not active:
@@ -154,12 +156,7 @@ def fit_epochs(client, shards, workers, comm, *, params, states, heads, n_output
                           int(rows))
             stop = False
             if tol is not None:
-                if ep_loss > best[h] - tol:
-                    no_improve[h] += 1
-                else:
-                    no_improve[h] = 0
-                best[h] = min(best[h], ep_loss)
-                stop = no_improve[h] >= n_iter_no_change
+                stop = training_stalled(curves[h], tol, n_iter_no_change)
                 if stop and epoch + 1 < max_iter:
                     progress.note(training_loss_stop(prefix, epoch + 1, n_iter_no_change,
                                                      tol))
