@@ -940,6 +940,326 @@ __global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_a
       work_counter, w, V, b, gw, gV, gb, fscale, pscale, loss_out, args, acc_global);
 }
 
+// ---- in order on the whole grid (the FM's concurrency="auto") ----
+// Every block of a co-resident grid (a cooperative launch) takes part in
+// every step, and a step is one sample block, taken in the order of the
+// mini-batches: the semantics of one worker (and of the CPU backend), at the
+// speed of the whole grid.  A step:
+//
+//   aggregate  feature -> sample: a group of lanes per nonzero adds its
+//              factors (and linear weight) times its value to its row's sums
+//              with global atomics (the sample block's sums stay in L2);
+//              with NF / 4 a power of two up to 32, a lane adds four factors
+//              with one vector atomic
+//   apply      sample -> feature, each nonzero's loss derivative computed by
+//              its group from its row's sums (no stage of its own).  Cold
+//              tile: the group at a feature segment's head sums the segment
+//              and updates the feature (a cold feature has one segment in a
+//              tile: one group updates it).  Hot tile: groups take even runs
+//              of its nonzeros and add each feature's partial sums into a
+//              global gradient buffer.  The rows' losses and the intercept's
+//              gradient are summed once per row
+//   hot update the hot features' and the intercept's updates from those
+//              sums, which are zeroed
+//
+// with a grid barrier after each.  The per-sample sums, the touched flags
+// and the intercept's gradient are double-buffered by the step's parity:
+// the next step's copy is zeroed in this step, with no barrier of its own.
+// No per-sample state in shared memory, so a sample block may be a whole
+// mini-batch (_tiles.tile_shape, in order).
+namespace cuwide {
+// A barrier of the whole grid (all blocks co-resident: a cooperative launch).
+// bar[0] counts the blocks arrived, bar[1] is the generation; the last block
+// to arrive resets the count and opens the next generation.
+__device__ __forceinline__ void grid_barrier(unsigned int* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned int* gen = bar + 1;
+    const unsigned int g = *gen;
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (*gen == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// The in-order kernel's per-sample row: NF sums, then the linear part and
+// 0.5 * the sum of squares (one float); rows of vectorised factors are
+// padded to 16 bytes (_tiles.in_order_row_stride gives the same stride)
+template <int NF>
+struct InOrderRow {
+  static constexpr bool VEC = NF % 4 == 0 && NF / 4 <= 32 && ((NF / 4) & (NF / 4 - 1)) == 0;
+  static constexpr int RS = VEC ? NF + 4 : NF + 1;
+};
+
+// v += a, four floats in one atomic where the device has them (sm_90)
+__device__ __forceinline__ void atomic_add4(float* p, float4 a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), a);
+#else
+  atomicAdd(p, a.x);
+  atomicAdd(p + 1, a.y);
+  atomicAdd(p + 2, a.z);
+  atomicAdd(p + 3, a.w);
+#endif
+}
+}  // namespace cuwide
+
+template <int NF, int SOLVER, int LOSS>
+__global__ void __launch_bounds__(512, 2) cuwide_train_in_order(
+    const int* __restrict__ feat, const unsigned short* __restrict__ row,
+    const float* __restrict__ val, const long long* __restrict__ tile_ptr,
+    const long long* __restrict__ sblock_row_ptr, const long long* __restrict__ batch_sblock_ptr,
+    const float* __restrict__ y, const float* __restrict__ sw, const float* __restrict__ batch_w,
+    const int* __restrict__ order, float* w, float* V, float* b, float* gw, float* gV, float* gb,
+    const float* __restrict__ pscale, double* loss_out,
+    // scratch, zeroed before the launch: 2 * sample_block per-sample rows,
+    // n_hot * (NF + 1) hot gradients, 2 * n_hot touched flags, 2 intercept
+    // gradients, the barrier's 2 counters
+    float* acc2, float* hgrad, int* touched2, float* bacc, unsigned int* bar,
+    const StepArgs args) {
+  constexpr bool VEC = InOrderRow<NF>::VEC;
+  constexpr int RS = InOrderRow<NF>::RS;  // per-sample floats
+  constexpr int HW = NF + 1;              // model floats per feature
+  constexpr int G = GroupSize<NF>::v;     // lanes per nonzero in the apply
+  constexpr int KPL = (NF + G - 1) / G;   // factors per lane in the apply
+  constexpr int GA = VEC ? NF / 4 : G;    // lanes per nonzero in the aggregate
+  const int n_hot = args.n_hot, gstride = args.gstride, pstride = args.pstride;
+  const float lr = args.lr, l2w = args.l2w, l2v = args.l2v, l1 = args.l1, eps = args.eps;
+  const int fit_intercept = args.fit_intercept, fit_linear = args.fit_linear;
+  const int tid = threadIdx.x, bd = blockDim.x, lane = tid & 31;
+  const long long gtid = (long long)blockIdx.x * bd + tid;
+  const long long nthreads = (long long)gridDim.x * bd;
+  const long long gg = gtid / G, ng = nthreads / G;      // apply: this group, groups
+  const long long gga = gtid / GA, nga = nthreads / GA;  // aggregate: likewise
+  const int gl = tid % G, gla = tid % GA;
+  // the lanes of this apply group (shuffles inside a group's own loops)
+  const unsigned gmask = G == 32 ? CUWIDE_FULL_MASK : (((1u << G) - 1u) << (lane & ~(G - 1)));
+  const long long acc_size = (long long)args.sample_block * RS;
+  double my_loss = 0.0;
+  int step = 0;
+
+  for (int item = 0; item < args.n_work; ++item) {
+    const int bt = order[item];
+    const float wb = batch_w[bt];
+    if (!(wb > 0.f)) continue;
+    const float inv_wb = 1.f / wb;
+    for (long long g = batch_sblock_ptr[bt]; g < batch_sblock_ptr[bt + 1]; ++g, ++step) {
+      const int par = step & 1;
+      float* acc = acc2 + par * acc_size;
+      float* acc_next = acc2 + (par ^ 1) * acc_size;
+      int* touched = touched2 + par * n_hot;
+      int* touched_next = touched2 + (par ^ 1) * n_hot;
+      const long long r0 = sblock_row_ptr[g];
+      const int m = (int)(sblock_row_ptr[g + 1] - r0);
+      const long long t0 = tile_ptr[2 * g] - args.nnz_base;
+      const long long t1 = tile_ptr[2 * g + 1] - args.nnz_base;
+      const long long t2 = tile_ptr[2 * g + 2] - args.nnz_base;
+      const float b0 = fit_intercept ? b[0] : 0.f;
+
+      // ---------------- aggregate: feature -> sample ----------------
+      // GA lanes per nonzero; the loop's trip count is the same for every
+      // lane of a warp (the shuffles below)
+      for (long long base = t0; base < t2; base += nga) {
+        const long long i = base + gga;
+        const bool ok = i < t2;
+        const int f = ok ? feat[i] : 0;
+        const int r = ok ? (int)row[i] : 0;
+        const float x = ok ? val[i] : 0.f;
+        float sq = 0.f;
+        if constexpr (VEC) {
+          if (ok) {
+            const float4 v = reinterpret_cast<const float4*>(V + (long long)f * NF)[gla];
+            const float4 vx = make_float4(v.x * x, v.y * x, v.z * x, v.w * x);
+            atomic_add4(acc + r * RS + 4 * gla, vx);
+            sq = vx.x * vx.x + vx.y * vx.y + vx.z * vx.z + vx.w * vx.w;
+          }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < KPL; ++kk) {
+            const int k = gla + kk * G;
+            if (ok && k < NF) {
+              const float vx = V[(long long)f * NF + k] * x;
+              atomicAdd(&acc[r * RS + k], vx);
+              sq += vx * vx;
+            }
+          }
+        }
+#pragma unroll
+        for (int off = GA / 2; off > 0; off >>= 1)
+          sq += __shfl_xor_sync(CUWIDE_FULL_MASK, sq, off);
+        if (ok && gla == 0)
+          atomicAdd(&acc[r * RS + NF], (fit_linear ? w[f] * x : 0.f) - 0.5f * sq);
+      }
+      grid_barrier(bar);
+
+      // ---------------- apply: sample -> feature ----------------
+      // the next step's buffers (last read before this step's first barrier)
+      for (long long i = gtid; i < acc_size; i += nthreads) acc_next[i] = 0.f;
+      for (long long i = gtid; i < n_hot; i += nthreads) touched_next[i] = 0;
+      // row r's factor sums held by this lane (its KPL factors) and the
+      // derivative of its loss, scaled by sample_weight / W_batch; every
+      // lane of the group calls it together (the sum of squares is shuffled)
+      auto row_state = [&](int r, float* a) -> float {
+        const float* ar = acc + r * RS;
+        float part = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KPL; ++kk) {
+          const int k = gl + kk * G;
+          a[kk] = k < NF ? ar[k] : 0.f;
+          part += a[kk] * a[kk];
+        }
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) part += __shfl_xor_sync(gmask, part, off, G);
+        const float z = ar[NF] + 0.5f * part + b0;
+        float lo, d;
+        loss1<LOSS>(z, y[r0 + r], lo, d);
+        return d * sw[r0 + r] * inv_wb;
+      };
+      // the rows' losses and the intercept's gradient, once per row
+      {
+        float bsum = 0.f;
+        for (long long i = gtid; i < m; i += nthreads) {
+          const float* a = acc + i * RS;
+          float s2 = 0.f;
+#pragma unroll
+          for (int k = 0; k < NF; ++k) s2 += a[k] * a[k];
+          const float z = a[NF] + 0.5f * s2 + b0;
+          const float si = sw[r0 + i];
+          float lo, d;
+          loss1<LOSS>(z, y[r0 + i], lo, d);
+          my_loss += (double)(si * lo);
+          bsum += d * si * inv_wb;
+        }
+        if (fit_intercept) {
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) bsum += __shfl_xor_sync(CUWIDE_FULL_MASK, bsum, off);
+          if (lane == 0 && bsum != 0.f) atomicAdd(&bacc[par], bsum);
+        }
+      }
+      // hot tile: a group takes an even run of the nonzeros (sorted by
+      // feature) and adds each feature's partial sums once
+      {
+        const long long per = (t1 - t0 + ng - 1) / ng;
+        const long long i0 = t0 + per * gg;
+        const long long iend = i0 + per < t1 ? i0 + per : t1;
+        int fc = -1;
+        float vc[KPL], c[KPL + 1];
+        auto flush = [&]() {
+          if (gl == 0) touched[fc] = 1;
+#pragma unroll
+          for (int kk = 0; kk < KPL; ++kk) {
+            const int k = gl + kk * G;
+            if (k < NF) atomicAdd(&hgrad[fc * HW + k], c[kk]);
+          }
+          if (gl == 0) atomicAdd(&hgrad[fc * HW + NF], c[KPL]);
+        };
+        for (long long i = i0; i < iend; ++i) {
+          const int f = feat[i];
+          if (f != fc) {
+            if (fc >= 0) flush();
+            fc = f;
+#pragma unroll
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              vc[kk] = k < NF ? V[(long long)fc * NF + k] : 0.f;
+            }
+#pragma unroll
+            for (int kk = 0; kk <= KPL; ++kk) c[kk] = 0.f;
+          }
+          const float x = val[i];
+          float a[KPL];
+          const float ex = row_state(row[i], a) * x;
+#pragma unroll
+          for (int kk = 0; kk < KPL; ++kk) c[kk] += ex * (a[kk] - vc[kk] * x);
+          c[KPL] += ex;
+        }
+        if (fc >= 0) flush();
+      }
+      // cold tile: the group whose position is a segment's head sums it
+      for (long long base = t1; base < t2; base += ng) {
+        const long long p = base + gg;
+        if (p >= t2) break;
+        const int f = feat[p];
+        if (p > t1 && feat[p - 1] == f) continue;
+        const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
+        const float l2wf = l2w * ps, l2vf = l2v * ps, l1f = l1 * ps;
+        float vk[KPL], gk[KPL], Gk[KPL];
+#pragma unroll
+        for (int kk = 0; kk < KPL; ++kk) {
+          const int k = gl + kk * G;
+          const long long pi = (long long)f * NF + k;
+          vk[kk] = k < NF ? V[pi] : 0.f;
+          Gk[kk] = k < NF ? load_acc<SOLVER>(gV + pi) : 0.f;
+          gk[kk] = 0.f;
+        }
+        const bool lin = gl == 0 && fit_linear;
+        const float w_old = lin ? w[f] : 0.f;
+        const float Gw_old = lin ? load_acc<SOLVER>(gw + (long long)f * gstride) : 0.f;
+        float gwv = 0.f;
+        for (long long q = p; q < t2 && feat[q] == f; ++q) {
+          const float x = val[q];
+          float a[KPL];
+          const float ex = row_state(row[q], a) * x;
+          gwv += ex;
+#pragma unroll
+          for (int kk = 0; kk < KPL; ++kk) gk[kk] += ex * (a[kk] - vk[kk] * x);
+        }
+#pragma unroll
+        for (int kk = 0; kk < KPL; ++kk) {
+          const int k = gl + kk * G;
+          if (k < NF) {
+            const long long pi = (long long)f * NF + k;
+            update_param<SOLVER>(V + pi, gV + pi, gk[kk] + l2vf * vk[kk], lr, eps, 0.f, l2vf,
+                                 1.f, Gk[kk]);
+          }
+        }
+        if (lin)
+          update_param<SOLVER>(w + f, gw + (long long)f * gstride, gwv + l2wf * w_old, lr, eps,
+                               l1f, l2wf, 1.f, Gw_old);
+      }
+      grid_barrier(bar);
+
+      // ---------------- hot update; intercept ----------------
+      if (gtid == 0) {
+        if (fit_intercept)
+          update_param<SOLVER>(b, gb, bacc[par], lr, eps, 0.f, 0.f, args.bscale,
+                               load_acc<SOLVER>(gb));
+        bacc[par ^ 1] = 0.f;  // the next step's (this step's is read above)
+      }
+      for (long long i = gtid; i < (long long)n_hot * HW; i += nthreads) {
+        const int f = (int)(i / HW), j = (int)(i - (long long)f * HW);
+        if (!touched[f]) continue;
+        const float gsum = hgrad[i];
+        hgrad[i] = 0.f;
+        const float ps = pscale ? pscale[(long long)f * pstride] : 1.f;
+        if (j < NF) {
+          const long long pi = (long long)f * NF + j;
+          const float l2vf = l2v * ps;
+          update_param<SOLVER>(V + pi, gV + pi, gsum + l2vf * V[pi], lr, eps, 0.f, l2vf, 1.f,
+                               load_acc<SOLVER>(gV + pi));
+        } else if (fit_linear) {
+          const long long gi = (long long)f * gstride;
+          const float l2wf = l2w * ps;
+          update_param<SOLVER>(w + f, gw + gi, gsum + l2wf * w[f], lr, eps, l1 * ps, l2wf, 1.f,
+                               load_acc<SOLVER>(gw + gi));
+        }
+      }
+      grid_barrier(bar);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) my_loss += __shfl_xor_sync(CUWIDE_FULL_MASK, my_loss, off);
+  if (lane == 0 && my_loss != 0.0) atomicAdd(loss_out, my_loss);
+}
+
 #ifdef CUWIDE_NVCC_CHECK
 // instantiations (their addresses taken) so that `nvcc -DCUWIDE_NVCC_CHECK -c`
 // compiles and checks the kernels that NVRTC otherwise compiles at run time
@@ -963,5 +1283,10 @@ void* const cuwide_train_check[] = {
     (void*)&cuwide_train_ablation<FM, 1, 16, ADAGRAD, LOGISTIC, GLOBAL_ACCUMULATORS>,
     (void*)&cuwide_train_ablation_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2, GLOBAL_ACCUMULATORS>,
     (void*)&cuwide_train_ablation_cluster<FM, 1, 16, ADAGRAD, LOGISTIC, 8, NO_REPLICAS>,
+    // in order on the whole grid
+    (void*)&cuwide_train_in_order<16, ADAGRAD, LOGISTIC>,
+    (void*)&cuwide_train_in_order<1, SGD, SQUARED>,
+    (void*)&cuwide_train_in_order<64, ADAGRAD, SQUARED>,
+    (void*)&cuwide_train_in_order<12, SGD, LOGISTIC>,
 };
 #endif

@@ -260,7 +260,10 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
         loss = ("squared" if not is_classifier(est) else
                 "logistic" if n_outputs == 1 else "multinomial")
         params = StepParams(model="fm" if fm else "linear", loss=loss, solver=solver)
-        sample_block, _ = backend.tile_shape(params, n_outputs, n_factors, est.batch_size)
+        n_batches = -(-int(X.shape[0]) // int(est.batch_size))
+        workers = backend.concurrent_blocks(getattr(est, "concurrency", 1), params, n_batches)
+        sample_block, _ = backend.tile_shape(params, n_outputs, n_factors, est.batch_size,
+                                             workers)
     nnz, longest, index_itemsize, value_itemsize = _csr_numbers(X)
     shape = _memory.FitShape(
         n_rows=int(X.shape[0]), n_features=int(X.shape[1]), nnz=nnz, max_row_nnz=longest,

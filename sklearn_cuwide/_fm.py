@@ -137,14 +137,13 @@ _FM_PARAMS_DOC = """
         ``"cuda"`` without a usable GPU raises.
     concurrency : "auto", "max" or int, default="auto"
         Mini-batches trained at once on the GPU (workers updating the model
-        without locks, Hogwild; few workers are clusters of up to 8 thread
-        blocks each).  ``"auto"``: as many as converge as well as the
-        sequential order, as measured (4 with ``"adagrad"``, 1 with
-        ``"sgd"``); ``"max"``: every thread block the device runs at once,
-        several times faster on millions of rows, at some cost in accuracy
-        that depends on the data; an int ``P``: at most ``P``, and ``1``
-        applies the mini-batches strictly in order as the CPU does.  The CPU
-        always runs in order.  See :ref:`reproducibility`.
+        without locks, Hogwild).  ``"auto"`` and ``1``: one at a time,
+        strictly in order as the CPU does, each step on every thread block
+        of the device; ``"max"``: every thread block the device runs at
+        once, each on its own mini-batch, several times faster on millions
+        of rows, at some cost in accuracy that depends on the data; an int
+        ``P``: at most ``P`` (thread block clusters of up to 8 blocks each).
+        The CPU always runs in order.  See :ref:`reproducibility`.
     verbose : int, default=0
         Above 0, print one line per setup stage (input checks, the layout,
         the initial state, ...) with its time, then one per epoch: loss,

@@ -94,6 +94,28 @@ def train_instantiation(model, n_outputs, n_factors, solver, loss, cluster=1, va
     return kernel_name(name, *args)
 
 
+#: the key of :func:`epoch_instantiations` for the kernel that trains in
+#: order on the whole grid (the other keys are thread blocks per worker)
+IN_ORDER = "in_order"
+
+
+def in_order_instantiation(n_factors, solver, loss):
+    """The name expression of ``cuwide_train_in_order<NF, SOLVER, LOSS>``
+    (``cuda/cuwide_train.cu``): an FM's mini-batches in order, each step on
+    the whole grid."""
+    if solver not in SOLVER or loss not in LOSS or loss == "multinomial":
+        raise ValueError(f"no in-order FM kernel for solver={solver!r}, loss={loss!r}")
+    return kernel_name("cuwide_train_in_order", int(n_factors), SOLVER[solver], LOSS[loss])
+
+
+def trains_in_order(model, workers, cluster=None, variant=None):
+    """Whether an epoch's launch of ``workers`` runs the in-order kernel:
+    an FM's one worker, unless a cluster size or an ablation is forced.
+    Rule: one FM worker trains on the whole grid.  Why: the same order,
+    every multiprocessor busy (a cluster of 8 blocks uses 8 of them)."""
+    return model == "fm" and int(workers) == 1 and cluster is None and variant is None
+
+
 def launch_plan(chunk_batches, grid, ramp, ramp_done=0):
     """The launches of one epoch: ``[(chunk, n_batches, workers), ...]`` in
     order.
@@ -138,7 +160,8 @@ def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_bat
                          ramp, slots, cluster_sizes, cluster=None, variant=None,
                          and_later=False, ramp_done=0):
     """The training kernels one epoch launches, by thread blocks per worker:
-    ``{cluster: name_expression}``.
+    ``{cluster: name_expression}`` (the in-order kernel under the key
+    :data:`IN_ORDER`).
 
     Each launch of :func:`launch_plan` runs ``min(workers, n_batches)``
     workers of ``cluster`` blocks (None:
@@ -154,6 +177,9 @@ def epoch_instantiations(model, n_outputs, n_factors, solver, loss, *, chunk_bat
         plan += launch_plan(chunk_batches, grid, 0)
     for _, n, P in plan:
         g = min(int(P), int(n))
+        if trains_in_order(model, g, cluster, variant):
+            out[IN_ORDER] = in_order_instantiation(n_factors, solver, loss)
+            continue
         cl = int(cluster) if cluster is not None else _concurrency.cluster_for(
             g, slots, cluster_sizes)
         if cl not in out:

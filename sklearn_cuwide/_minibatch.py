@@ -185,22 +185,22 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             full, warm = warm, [st.permute_features(used) for st in warm]
             X = with_columns(X, used)
         progress.stage("step parameters")
-        sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
-                                                     schedule.batch_size)
         # a fresh model's first steps move it most: they are taken from the
         # freshest weights, with the workers added in stages
         ramp = _concurrency.default_ramp(params.model) if warm is None else 0
         n_batches = -(-n_laid // schedule.batch_size)
+        # the layout's tiles are cut for the epochs' workers (in order or not)
+        workers = backend.concurrent_blocks(schedule.concurrency, params, n_batches)
+        sample_block, n_hot_max = backend.tile_shape(params, n_outputs, n_factors,
+                                                     schedule.batch_size, workers)
         if n_batches:
-            backend.prepare_fit(X, params, n_outputs, n_factors, n_batches,
-                                backend.concurrent_blocks(schedule.concurrency, params, n_batches),
+            backend.prepare_fit(X, params, n_outputs, n_factors, n_batches, workers,
                                 ramp, COMPUTE_DTYPE)
         layout = backend.build_layout(
             X, batch_size=schedule.batch_size, sample_block=sample_block,
             n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,
             dtype=COMPUTE_DTYPE, rows=tr, staged=staged,
         )
-        workers = backend.concurrent_blocks(schedule.concurrency, params, layout.n_batches)
         plan = _memory.active_plan()  # the model's rows on the device (None: all)
         model_rows = None if plan is None else plan.model_rows
         backend.release_cached()  # the build's freed blocks, before the training's

@@ -60,6 +60,7 @@ REQUIRED_TRAIN_INSTANTIATIONS = [
     "cuwide_train<LINEAR, 3, 0, SGD, MULTINOMIAL>",
     "cuwide_train<FM, 1, 16, ADAGRAD, LOGISTIC>",
     "cuwide_train<FM, 1, 128, SGD, SQUARED>",
+    "cuwide_train_in_order<16, ADAGRAD, LOGISTIC>",
     "cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 2>",
     "cuwide_train_cluster<LINEAR, 1, 0, ADAGRAD, LOGISTIC, 8>",
     "cuwide_train_cluster<LINEAR, 3, 0, SGD, MULTINOMIAL, 4>",
@@ -119,6 +120,9 @@ def _layout_check_source():
     for w in range(1, 258):
         rs = _tiles.row_stride(FM, 1, w - 1)
         lines.append(f'static_assert(cuwide::OddStride<{w}>::v == {rs}, "OddStride<{w}>");')
+    for k in range(1, 257):  # the in-order kernel's per-sample stride
+        lines.append(f"static_assert(cuwide::InOrderRow<{k}>::RS == "
+                     f'{_tiles.in_order_row_stride(k)}, "InOrderRow<{k}>");')
     return "\n".join(lines) + "\n"
 
 
@@ -128,7 +132,8 @@ def test_step_args_struct_matches_the_numpy_dtype(tmp_path):
     """``cuwide::StepArgs`` has the field types, offsets and size of
     ``_tiles.STEP_ARGS`` (the kernel would read the launch's scalars from
     the wrong bytes otherwise); ``hot_replicas`` and the per-sample stride
-    follow ``_tiles``'s rules (the shared memory the backend sizes)."""
+    follow ``_tiles``'s rules (the shared memory the backend sizes), and so
+    does the in-order kernel's per-sample stride (its scratch)."""
     src = tmp_path / "step_args_check.cu"
     src.write_text(_layout_check_source())
     _nvcc(src, "sm_90", tmp_path)

@@ -244,6 +244,54 @@ def test_switches_match_reference(cuda, cfg, switch):
         assert not dl.resident and len(dl.chunks) > 3
 
 
+FM_CONFIGS = [c for c in CONFIGS if c[1]["model"] == "fm"]
+
+
+@pytest.mark.parametrize("case", ["in_order_tiles", "small_tiles", "no_hot", "all_hot_rule",
+                                  "stream", "one_row_blocks"])
+@pytest.mark.parametrize("cfg", FM_CONFIGS, ids=[c[0] for c in FM_CONFIGS])
+def test_in_order_kernel_matches_reference(cuda, cfg, case, monkeypatch):
+    """An FM's one worker is ``cuwide_train_in_order`` (every block of the
+    grid in every step, grid barriers between the stages): one epoch equals
+    the float64 reference's, on the tiles the in-order fits use (a sample
+    block per mini-batch, the hot features as the layout rule admits them),
+    on the concurrent kernels' smaller tiles, without hot features, with a
+    streamed layout (a launch per chunk, the scratch zeroed for each) and
+    on sample blocks of one row."""
+    from sklearn_cuwide._backends._cuda import _train
+
+    rng = np.random.default_rng()
+    put_kw, case_kw = None, {}
+    if case == "in_order_tiles":
+        sb, nh = cuda.tile_shape(make_case(rng, cfg)[5], 1, cfg[3], 96, 1)
+        assert sb == 96  # a sample block per mini-batch
+        case_kw = dict(batch_size=96, sample_block=sb, n_hot_max=nh)
+    elif case == "no_hot":
+        case_kw = dict(n_hot_max=0)
+    elif case == "all_hot_rule":
+        case_kw = dict(batch_size=200, sample_block=200, n_hot_max=10_000)
+    elif case == "stream":
+        put_kw = dict(memory_budget=0, chunk_bytes=4096)
+    elif case == "one_row_blocks":
+        case_kw = dict(batch_size=4, sample_block=1)
+    X, y, sw, layout, state, params = make_case(rng, cfg, **case_kw)
+    made = []  # the in-order kernel's scratch: that kernel ran
+
+    class Scratch(_train.InOrderScratch):
+        def __init__(self, *a):
+            made.append(a)
+            super().__init__(*a)
+
+    monkeypatch.setattr(_train, "InOrderScratch", Scratch)
+    if case == "no_hot":
+        assert layout.n_hot == 0
+    dl = _check_epoch(cuda, rng, layout, y, sw, state, params, put_kw=put_kw,
+                      epoch=cuda.run_epoch)
+    assert made == [(layout.sample_block, layout.n_hot, cfg[3])]
+    if case == "stream":
+        assert not dl.resident and len(dl.chunks) > 3
+
+
 @pytest.mark.parametrize("variant", ["no_replicas", "global_accumulators"])
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c[0])
 def test_ablation_entry_point_matches_reference(cuda, cfg, variant):

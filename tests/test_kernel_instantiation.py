@@ -134,6 +134,9 @@ def test_launch_plan_warms_up_in_doubling_stages():
         (2048, 256), (10000 - 4088, 264)]
 
 
+IN_ORDER = _kernels.IN_ORDER
+
+
 def _clusters(model, n_batches, concurrency, *, solver="adagrad", warm=False,
               sizes=HOPPER, slots=H200_SLOTS, chunks=None):
     grid = _concurrency.blocks(concurrency, model, solver, n_batches, slots)
@@ -153,17 +156,20 @@ def _clusters(model, n_batches, concurrency, *, solver="adagrad", warm=False,
     ("linear", 3907, "auto", {"warm": True}, [1]),
     # 20 mini-batches (20k rows): one worker, a cluster of 8
     ("linear", 20, "auto", {}, [8]),
-    # the FM's "auto" is 4 workers: clusters of 8 throughout
-    ("fm", 3907, "auto", {}, [8]),
-    # the FM's warm-up takes 32 mini-batches per worker: it reaches 256
-    # workers on 20000 mini-batches, not on 3907
-    ("fm", 20000, "max", {}, [8, 4, 2, 1]),
-    ("fm", 3907, "max", {}, [8, 4]),
+    # the FM's "auto" is one worker: the in-order kernel on the whole grid
+    ("fm", 3907, "auto", {}, [IN_ORDER]),
+    # the FM's warm-up takes 32 mini-batches per worker, the first stage's
+    # one worker in order: it reaches 256 workers on 20000 mini-batches,
+    # not on 3907
+    ("fm", 20000, "max", {}, [IN_ORDER, 8, 4, 2, 1]),
+    ("fm", 3907, "max", {}, [IN_ORDER, 8, 4]),
+    # an FM's one worker is the in-order kernel before compute capability 9.0 too
+    ("fm", 3907, 1, {"sizes": AMPERE}, [IN_ORDER]),
     # sgd runs one worker in order
     ("linear", 3907, "auto", {"solver": "sgd"}, [8]),
     # before compute capability 9.0 there are no clusters
     ("linear", 3907, "auto", {"sizes": AMPERE}, [1]),
-    ("fm", 3907, 4, {"sizes": AMPERE}, [1]),
+    ("fm", 3907, 4, {"sizes": AMPERE}, [IN_ORDER, 1]),  # the warm-up's first stage in order
 ])
 def test_epoch_instantiations_are_the_launches_clusters(model, n_batches, concurrency, kw,
                                                         expected):
@@ -171,7 +177,10 @@ def test_epoch_instantiations_are_the_launches_clusters(model, n_batches, concur
     assert list(names) == expected
     solver = kw.get("solver", "adagrad")
     for cl, name in names.items():
-        assert name == _kernels.train_instantiation(model, 1, 16, solver, "logistic", cl)
+        if cl == IN_ORDER:
+            assert name == _kernels.in_order_instantiation(16, solver, "logistic")
+        else:
+            assert name == _kernels.train_instantiation(model, 1, 16, solver, "logistic", cl)
 
 
 def test_epoch_instantiations_follow_each_launch():
@@ -189,7 +198,7 @@ def test_and_later_adds_the_epochs_after_the_warm_up():
     first = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", **kw)
     both = _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,
                                          **kw)
-    assert list(first) == [8, 4] and list(both) == [8, 4, 1]
+    assert list(first) == [IN_ORDER, 8, 4] and list(both) == [IN_ORDER, 8, 4, 1]
     # without a warm-up there is nothing to add
     kw["ramp"] = 0
     assert _kernels.epoch_instantiations("fm", 1, 16, "adagrad", "logistic", and_later=True,

@@ -9,8 +9,9 @@ backend's semantics.  Larger ``P`` is faster, but a worker reads weights the
 others are about to change, and whether the fit still converges as well as
 the sequential order depends on the model and the solver: ``"auto"`` runs
 the most workers that lost no test AUC against ``P = 1`` in the measurements
-of :doc:`/design/concurrency` (the full grid for LR with Adagrad, 4 for the
-FM with Adagrad, 1 for sgd).
+of :doc:`/design/concurrency` (the full grid for LR with Adagrad, 1 for sgd
+and for the FM).  An FM's one worker is the whole grid: the CUDA backend's
+in-order kernel runs every step on every block.
 
 Pure functions of plain values (no cupy): the CUDA backend passes its full
 grid in, and the CPU tests check the rule.
@@ -26,7 +27,7 @@ MIN_BATCHES_PER_BLOCK = 16
 AUTO_BLOCKS = {
     ("linear", "adagrad"): None,
     ("linear", "sgd"): 1,
-    ("fm", "adagrad"): 4,
+    ("fm", "adagrad"): 1,
     ("fm", "sgd"): 1,
 }
 

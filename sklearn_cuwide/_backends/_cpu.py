@@ -47,11 +47,14 @@ def all_finite(a):
     return _host.all_finite(a)
 
 
-def tile_shape(params, n_outputs, n_factors, batch_size):
-    """Sample-block rows and most hot features for a model (see _tiles)."""
+def tile_shape(params, n_outputs, n_factors, batch_size, workers=None):
+    """Sample-block rows and most hot features for a model (see _tiles):
+    the CPU trains in order, whatever ``workers``, so its layout is the
+    CUDA backend's in-order one."""
     from ._tiles import tile_shape as _ts
 
-    return _ts(NOMINAL_SHARED_PER_SM, params, n_outputs, n_factors, batch_size)
+    return _ts(NOMINAL_SHARED_PER_SM, params, n_outputs, n_factors, batch_size,
+               in_order=True)
 
 
 def concurrent_blocks(concurrency, params, n_batches):

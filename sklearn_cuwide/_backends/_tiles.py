@@ -22,6 +22,8 @@ DRIVER_RESERVED = 1024
 STATIC_SMEM = 64
 #: most hot features a thread block caches
 MAX_HOT = 16384
+#: most rows of a sample block: a nonzero's row within it is a uint16
+MAX_SAMPLE_BLOCK = 65536
 
 
 def _width(params, n_outputs, n_factors):
@@ -66,13 +68,20 @@ def block_budget(shared_per_sm):
     return int(shared_per_sm) // BLOCKS_PER_SM - DRIVER_RESERVED - STATIC_SMEM
 
 
-def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):
+def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size, in_order=False):
     """Return ``(sample_block, n_hot_max)``.
 
     Half of a block's budget goes to the per-sample accumulators (sample
     blocks are balanced: a 1024-row batch that needs two blocks gets two of
     512), the rest to the hot cache and its gradient replicas.
+
+    ``in_order``: the mini-batches are trained in order.  An FM's in-order
+    kernel keeps no per-sample state in shared memory, so a sample block is
+    the whole mini-batch (one step per mini-batch, the fewest grid-wide
+    steps) and the hot features are the layout rule's (up to MAX_HOT).
     """
+    if in_order and params.model == "fm":
+        return int(min(max(1, int(batch_size)), MAX_SAMPLE_BLOCK)), MAX_HOT
     budget = block_budget(shared_per_sm)
     rs = row_stride(params, n_outputs, n_factors)
     hw = hot_width(params, n_outputs, n_factors)
@@ -85,6 +94,16 @@ def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size):
     left = avail - 4 * rs * sb
     n_hot = max(0, min(MAX_HOT, left // (4 * hw * (1 + rep) + 4)))
     return int(sb), int(n_hot)
+
+
+def in_order_row_stride(n_factors):
+    """Floats per sample of the in-order FM kernel's per-sample sums
+    (``cuwide::InOrderRow``): the factors' sums, then one float; padded to
+    16 bytes where a lane adds four factors with one vector atomic (``NF /
+    4`` a power of two up to 32)."""
+    q, r = divmod(int(n_factors), 4)
+    vec = r == 0 and 1 <= q <= 32 and q & (q - 1) == 0
+    return int(n_factors) + (4 if vec else 1)
 
 
 # --------------------------------------------------------------------------

@@ -180,7 +180,10 @@ def with_layout(shard, params, heads, *, batch_size, n_outputs, n_factors, shuff
     ``concurrency`` (the estimators' parameter): what
     :func:`sklearn_cuwide._solvers.fit_minibatch` prepares once per fit."""
     be = shard.backend
-    sample_block, n_hot_max = be.tile_shape(params, n_outputs, n_factors, batch_size)
+    # the tiles are cut for the epochs' workers (in order or not)
+    n_batches = -(-int(shard.X.shape[0]) // int(batch_size))
+    workers = be.concurrent_blocks(concurrency, params, n_batches)
+    sample_block, n_hot_max = be.tile_shape(params, n_outputs, n_factors, batch_size, workers)
     layout = be.build_layout(
         shard.X, batch_size=batch_size, sample_block=sample_block,
         n_hot_max=n_hot_max, shuffle=shuffle, random_state=seed, dtype=COMPUTE_DTYPE,
@@ -195,7 +198,7 @@ def with_layout(shard, params, heads, *, batch_size, n_outputs, n_factors, shuff
                         .astype(COMPUTE_DTYPE)) for h in heads],
         sw=be.to_device(sw_l.astype(COMPUTE_DTYPE)),
         batch_weight=batch_weights(layout, sw_l),
-        workers=be.concurrent_blocks(concurrency, params, layout.n_batches),
+        workers=workers,
     )
     return out
 

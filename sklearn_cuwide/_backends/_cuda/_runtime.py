@@ -154,10 +154,13 @@ def props():
     return p
 
 
-def tile_shape(params, n_outputs, n_factors, batch_size):
-    """Sample-block rows and most hot features, from this device's shared memory."""
+def tile_shape(params, n_outputs, n_factors, batch_size, workers=None):
+    """Sample-block rows and most hot features, from this device's shared
+    memory, for an epoch of ``workers`` (1: in order; None: not known, as
+    for concurrent workers)."""
     per_sm = props()["sharedMemPerMultiprocessor"]
-    return _tiles.tile_shape(per_sm, params, n_outputs, n_factors, batch_size)
+    return _tiles.tile_shape(per_sm, params, n_outputs, n_factors, batch_size,
+                             in_order=workers == 1)
 
 
 def full_grid():

@@ -90,6 +90,33 @@ def _dense_gw(state):
 
 
 # --------------------------------------------------------------------------
+# the in-order kernel's scratch
+# --------------------------------------------------------------------------
+class InOrderScratch:
+    """The device buffers of ``cuwide_train_in_order``, one allocation: the
+    per-sample sums of two sample blocks, the hot features' gradients and
+    touched flags (two sets), two intercept gradients and the grid
+    barrier's counters.  Zeroed before every launch: the kernel leaves the
+    last step's copies dirty."""
+
+    def __init__(self, sample_block, n_hot, n_factors):
+        rs = _tiles.in_order_row_stride(n_factors)
+        hw = int(n_factors) + 1
+        sizes = (2 * int(sample_block) * rs, int(n_hot) * hw, 2 * int(n_hot), 2, 2)
+        self.buffer = cp.empty(sum(sizes), dtype=cp.float32)
+        ends = np.cumsum(sizes)
+        starts = ends - np.asarray(sizes)
+        parts = [self.buffer[a:b] for a, b in zip(starts, ends)]
+        self.acc, self.hgrad, self.bacc = parts[0], parts[1], parts[3]
+        self.touched, self.barrier = parts[2].view(cp.int32), parts[4].view(cp.uint32)
+
+    def arguments(self):
+        """The kernel's scratch arguments, zeroed."""
+        self.buffer.fill(0)
+        return (self.acc, self.hgrad, self.touched, self.bacc, self.barrier)
+
+
+# --------------------------------------------------------------------------
 # the kernel and its launcher
 # --------------------------------------------------------------------------
 def train_kernel(params, n_outputs, n_factors, cluster=1, variant=None):
@@ -282,6 +309,26 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
             kern.max_dynamic_shared_size_bytes = smem
         return kern
 
+    scratch = []  # the in-order kernel's, made at its first launch
+
+    def launch_in_order(kargs):
+        # the training kernel's arguments less the work counter and the
+        # step scales (one worker: neither), the scratch before the scalars
+        (feat, row, val, tp, srp, bsp, y_, sw_, bw_, order, _counter, w, V, b, gw_, gV, gb,
+         _fscale, pscale_, loss_, a) = kargs
+        if not scratch:
+            scratch.append(InOrderScratch(sb, dl.n_hot, k))
+        kern = kernels.get(_kernels.IN_ORDER)
+        if kern is None:
+            kern = kernels[_kernels.IN_ORDER] = _kernels.get_kernel(
+                SOURCE, _kernels.in_order_instantiation(k, params.solver, params.loss))
+        # every block takes part in every step (grid barriers): a cooperative
+        # launch, which fails rather than starts a grid that cannot run at once
+        kern.kernel((full_grid(),), (_tiles.THREADS,),
+                    (feat, row, val, tp, srp, bsp, y_, sw_, bw_, order, w, V, b, gw_, gV, gb,
+                     pscale_, loss_) + scratch[0].arguments() + (a,),
+                    enable_cooperative_groups=True)
+
     def launch_one(order_np, arrays, base, g):
         n_work = int(order_np.size)
         order = cp.asarray(order_np.astype(np.int32))
@@ -307,6 +354,9 @@ def _epoch(dl, y, sw, batch_weight, state, params, batch_order, *, workers=None,
         if variant is not None:
             kargs += (acc_buf,)
         kargs = tuple(NULL if x is None else x for x in kargs)  # absent arrays: null pointers
+        if _kernels.trains_in_order(params.model, g, cluster, variant):
+            launch_in_order(kargs)
+            return
         cl = cluster_of(g)
         kernel_of(cl)((g * cl,), (_tiles.THREADS,), kargs, shared_mem=smem)
 
