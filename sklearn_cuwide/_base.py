@@ -255,7 +255,7 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
     n_outputs = 1 if (fm or n_classes == 2) else n_classes
     n_heads = 1 if (not fm or n_classes == 2) else n_classes
     solver = est.solver
-    sample_block = est.batch_size
+    sample_block, workers = est.batch_size, 1
     if solver != "lbfgs":
         loss = ("squared" if not is_classifier(est) else
                 "logistic" if n_outputs == 1 else "multinomial")
@@ -276,7 +276,7 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
             est.validation_fraction
             if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),
         fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
-        concurrent=getattr(est, "concurrency", 1) != 1,
+        concurrent=workers != 1,
         warm=hasattr(est, "coef_") and (not reset or bool(getattr(est, "warm_start", False))),
     )
     plan = _memory.plan_fit(shape, backend.name, *_available(backend))

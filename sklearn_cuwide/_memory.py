@@ -59,6 +59,8 @@ LBFGS_PAIRS = 10
 PREDICT_RUN_ROWS = 1 << 16
 #: the largest sample block (``_layout.MAX_SAMPLE_BLOCK``)
 MAX_SAMPLE_BLOCK = 65536
+#: most hot features of a layout (_backends._tiles.MAX_HOT)
+MAX_HOT = 16384
 
 
 class InsufficientMemoryError(MemoryError):
@@ -99,6 +101,18 @@ def layout_blocks(n_rows, batch_size, sample_block):
     n_batches = full + (1 if last else 0)
     n_sblocks = full * -(-batch_size // sb) + (-(-last // sb) if last else 0)
     return n_batches, n_sblocks
+
+
+def in_order_scratch_bytes(sample_block, n_hot, n_factors):
+    """Bytes of an FM's in-order training kernel's scratch
+    (``_cuda._train.InOrderScratch``): two sample blocks' per-sample sums,
+    the hot features' gradients and two sets of touched flags, and four
+    floats."""
+    from ._backends._tiles import in_order_row_stride
+
+    sb = int(min(sample_block, MAX_SAMPLE_BLOCK))
+    hw = int(n_factors) + 1
+    return 4 * (2 * sb * in_order_row_stride(n_factors) + int(n_hot) * (hw + 2) + 4)
 
 
 def layout_index_bytes(n_rows, batch_size, sample_block):
@@ -292,7 +306,7 @@ class FitShape:
     fit_intercept: bool = True
     on_device: bool = False
     model_rows: object = None
-    #: mini-batches trained concurrently (``concurrency`` other than 1): the
+    #: mini-batches trained concurrently (more than one worker): the
     #: step scales' per-feature frequencies are computed on the device
     concurrent: bool = True
     #: the fit continues a fitted model (``warm_start``, ``partial_fit``):
@@ -544,6 +558,9 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         # temporaries (17) made beside them for every window
         train["per-feature step factors"] = penalty + (33 if s.concurrent else 16) * rows
     train["targets, sample weights and batch order"] = 8 * n + 8 * n_batches
+    if s.n_factors and not s.concurrent:
+        train["the in-order kernel's scratch"] = in_order_scratch_bytes(
+            s.sample_block, min(d, MAX_HOT), s.n_factors)
     phases["training"] = train
     return phases
 
