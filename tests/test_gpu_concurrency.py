@@ -24,7 +24,7 @@ def _ctr(n, d, seed=3, **kw):
 
 
 @pytest.mark.parametrize("est, concurrency, expected", [
-    (GPUFactorizationMachine(n_factors=4), "auto", 4),
+    (GPUFactorizationMachine(n_factors=4), "auto", 1),
     (GPUFactorizationMachine(n_factors=4), "max", "grid"),
     (GPUFactorizationMachine(n_factors=4), 1, 1),
     (GPUFactorizationMachine(n_factors=4), 7, 7),
@@ -109,14 +109,28 @@ class _Launches:
         self._log.append((self._cluster, grid[0] // self._cluster))
         return self._kernel(grid, block, args, **kw)
 
+    @property
+    def kernel(self):
+        """The in-order kernel's cooperative launch (``RawKernel.kernel``):
+        recorded as ``(IN_ORDER, blocks)``."""
+        launch, log, key = self._kernel.kernel, self._log, self._cluster
+
+        def recorded(grid, block, args, **kw):
+            log.append((key, grid[0]))
+            return launch(grid, block, args, **kw)
+
+        return recorded
+
 
 @pytest.mark.parametrize("concurrency", ["auto", 1, "max"])
 def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
     """Each launch's workers are thread block clusters of the largest size
     with which all still fit on the device (``_concurrency.cluster_for``),
-    in the warm-up stages too; every kernel an epoch launches is built
-    before it (none on the way); the estimators' kernel is never an
-    ablation variant."""
+    in the warm-up stages too, and an FM's one worker (its ``"auto"``, and
+    the warm-up's first stage) is the in-order kernel on the whole grid;
+    every kernel an epoch launches is built before it (none on the way);
+    the estimators' kernel is never an ablation variant."""
+    from sklearn_cuwide._kernels import IN_ORDER
     from sklearn_cuwide._backends._cuda import _runtime, _train
 
     launches, built_late = [], []
@@ -133,11 +147,16 @@ def test_few_workers_run_as_thread_block_clusters(monkeypatch, concurrency):
     est = GPUFactorizationMachine(n_factors=4, device="cuda", batch_size=64, max_iter=2,
                                   early_stopping=False, concurrency=concurrency,
                                   random_state=0).fit(X, y)
-    workers = {"auto": 4, 1: 1, "max": _runtime.default_grid(-(-20000 // 64))}[concurrency]
     assert launches and not built_late
-    assert launches[-1] == (_runtime.cluster_for(workers), workers)
+    if concurrency == "max":
+        workers = _runtime.default_grid(-(-20000 // 64))
+        assert launches[-1] == (_runtime.cluster_for(workers), workers)
+        assert launches[0] == (IN_ORDER, _runtime.full_grid())  # the warm-up's 1 worker
+    else:
+        assert set(launches) == {(IN_ORDER, _runtime.full_grid())}
     for cl, g in launches:
-        assert cl == _runtime.cluster_for(g) and g * cl <= _runtime.full_grid()
+        if cl != IN_ORDER:
+            assert cl == _runtime.cluster_for(g) and g * cl <= _runtime.full_grid()
     cpu = GPUFactorizationMachine(n_factors=4, device="cpu", batch_size=64, max_iter=2,
                                   early_stopping=False, random_state=0).fit(X, y)
     assert roc_auc_score(yte, est.decision_function(Xte)) > \

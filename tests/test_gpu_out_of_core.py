@@ -81,15 +81,19 @@ def test_gpu_out_of_core_fit_equals_the_resident_fit(est, monkeypatch):
     assert plan.model_rows is not None and plan.model_rows < shape.n_features
     # what the device sees taken: the pool's blocks in use and cached
     assert held["held"] <= limit, (held["held"], limit)
+    # the same steps in the same order; the order of float32 additions
+    # differs (an FM's in-order kernel sums with atomics across the grid, and
+    # a window's hot features are not the resident layout's): a few of the
+    # factors near zero differ by a few 1e-6 after two epochs
     for k in ("coef_", "intercept_", "factors_"):
         if hasattr(ref, k):
             np.testing.assert_allclose(getattr(got, k), getattr(ref, k), rtol=1e-4,
-                                       atol=1e-6, err_msg=k)
+                                       atol=1e-5 if k == "factors_" else 1e-6, err_msg=k)
     cpu = clone(est).set_params(device="cpu").fit(X, y)
     np.testing.assert_allclose(got.predict_proba(X), cpu.predict_proba(X), atol=1e-4)
 
 
-def test_gpu_out_of_core_fit_at_the_default_concurrency_keeps_the_resident_auc(
+def test_gpu_out_of_core_fit_with_concurrent_workers_keeps_the_resident_auc(
         monkeypatch):
     """Concurrent workers out of core: the windows warm up as the resident
     epoch does and damp with the whole layout's frequencies, so the test AUC
@@ -101,8 +105,9 @@ def test_gpu_out_of_core_fit_at_the_default_concurrency_keeps_the_resident_auc(
     X, y = _wide(n=40000)
     Xt, yt = X[30000:], y[30000:]
     X, y = X[:30000], y[:30000]
+    # the FM's "auto" trains in order: concurrent workers are "max"'s
     est = GPUFactorizationMachine(n_factors=8, max_iter=2, batch_size=64, random_state=0,
-                                  early_stopping=False, device="cuda:0")
+                                  early_stopping=False, device="cuda:0", concurrency="max")
     seen = _spy(monkeypatch)
     ref = clone(est).fit(X, y)
     shape, plan = seen[-1]
