@@ -98,11 +98,13 @@ _FM_PARAMS_DOC = """
     batch_size : int, default=1024
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
-        Step size.  ``"auto"``: for ``"adagrad"`` 0.03 from 10,000 rows
-        on and in ``partial_fit`` (whose rows are a part of the data), 0.1
-        below, where an epoch takes few steps (the defaults study's choice,
-        :doc:`/design/defaults`), for the regressor ``0.2 / m`` there
-        within [0.03, 0.1], ``m`` the mean nonzeros of a row; for ``"sgd"``,
+        Step size.  ``"auto"``: for ``"adagrad"``, from 10,000 rows on
+        the classifier's ``1 / m`` within [0.03, 0.1] and the regressor's
+        0.03, ``m`` the mean nonzeros of a row; 0.03 in ``partial_fit``
+        (whose rows are a part of the data); below 10,000 rows, where an
+        epoch takes few steps, 0.1, and for the regressor ``0.2 / m``
+        within [0.03, 0.1] (the defaults study's choices,
+        :doc:`/design/defaults`); for ``"sgd"``,
         ``1 / L`` with ``L`` the Lipschitz constant of the linear part's
         full-batch gradient, estimated from ``X`` by power iterations, and at
         least the largest share of one row's ``|x|^2`` in its mini-batch.

@@ -684,6 +684,14 @@ ADAGRAD_AUTO_LEARNING_RATE_FM = 0.03
 #: jumped 50 to 300 times in their first epochs, while user x item rows (2
 #: nonzeros) underfit at 0.03 (docs/design/defaults.rst)
 REGRESSOR_STEP_NNZ = 0.2
+#: the FM classifier's from EARLY_STOPPING_AUTO_MIN_SAMPLES rows on (``fit``,
+#: not ``partial_fit``): ``CLASSIFIER_STEP_NNZ / m`` within
+#: [ADAGRAD_AUTO_LEARNING_RATE_FM, ADAGRAD_AUTO_LEARNING_RATE], ``m`` the mean
+#: nonzeros of a training row.  Why: a step moves the margin through every
+#: pair of a row's nonzeros; rows of 39 nonzeros lost up to 0.037 AUC at
+#: steps above 0.03, rows of 10 to 16 gained up to 0.011 at 0.1, and no set
+#: of the defaults study lost at this rule (docs/design/defaults.rst)
+CLASSIFIER_STEP_NNZ = 1.0
 
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
@@ -695,32 +703,40 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     the full batch).  For ``model="fm"`` Adagrad's constant depends on
     ``n_samples``, the rows of the call (before any validation split;
     default ``X``'s), except for a ``partial_fit`` call (``partial``), which
-    takes the larger data's; below, the regressor's (``loss="squared"``)
-    falls with the weighted mean nonzeros of a training row (``row_nnz``,
-    else :func:`mean_row_nonzeros` of ``X``; :data:`REGRESSOR_STEP_NNZ`).
+    takes the larger data's constant; the classifier's from
+    EARLY_STOPPING_AUTO_MIN_SAMPLES rows (:data:`CLASSIFIER_STEP_NNZ`) and
+    the regressor's (``loss="squared"``) below them
+    (:data:`REGRESSOR_STEP_NNZ`) fall with the weighted mean nonzeros of a
+    training row (``row_nnz``, else :func:`mean_row_nonzeros` of ``X``).
     ``rows``: the training rows of ``X`` (None: all; ``sw`` their
     weights)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
                                   backend=backend, batch_size=batch_size, rows=rows)
     n = X.shape[0] if n_samples is None else n_samples
-    if model == "fm" and (partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES):
-        return ADAGRAD_AUTO_LEARNING_RATE_FM
+    large = partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES
     if step_reads_row_nonzeros(solver, model, loss, n, partial):
         if row_nnz is None and X is not None:
             row_nnz = mean_row_nonzeros(X, rows, sw, backend)
         if row_nnz:
+            per = REGRESSOR_STEP_NNZ if loss == "squared" else CLASSIFIER_STEP_NNZ
             return min(ADAGRAD_AUTO_LEARNING_RATE, max(ADAGRAD_AUTO_LEARNING_RATE_FM,
-                                                       REGRESSOR_STEP_NNZ / row_nnz))
+                                                       per / row_nnz))
+    if model == "fm" and large:
+        return ADAGRAD_AUTO_LEARNING_RATE_FM
     return ADAGRAD_AUTO_LEARNING_RATE
 
 
 def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False):
     """Whether Adagrad's ``"auto"`` step of a fit of ``n_samples`` rows
     depends on the rows' mean nonzeros (the FM regressor's below
-    EARLY_STOPPING_AUTO_MIN_SAMPLES rows, :data:`REGRESSOR_STEP_NNZ`)."""
-    return (solver == "adagrad" and model == "fm" and loss == "squared" and not partial
-            and n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES)
+    EARLY_STOPPING_AUTO_MIN_SAMPLES rows, :data:`REGRESSOR_STEP_NNZ`; the
+    FM classifier's from them on, :data:`CLASSIFIER_STEP_NNZ`; never a
+    ``partial_fit`` call's)."""
+    if solver != "adagrad" or model != "fm" or partial:
+        return False
+    small = n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES
+    return small if loss == "squared" else not small
 
 
 def mean_row_nonzeros(X, rows, sw, backend):

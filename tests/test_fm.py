@@ -387,6 +387,34 @@ def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch)
     assert steps == [pytest.approx(small), ADAGRAD_AUTO_LEARNING_RATE_FM]
 
 
+@pytest.mark.parametrize("nnz, step", [(5, 0.1), (10, 0.1), (20, 0.05), (40, 0.03)])
+def test_classifier_step_falls_with_the_rows_nonzeros(nnz, step, monkeypatch):
+    """From 10,000 rows the FM classifier's "auto" Adagrad step is
+    ``1 / m`` within [0.03, 0.1], ``m`` the mean nonzeros of a training
+    row; the regressor's stays 0.03 (the defaults study's choices)."""
+    from sklearn_cuwide import _fm
+    from sklearn_cuwide._minibatch import ADAGRAD_AUTO_LEARNING_RATE_FM
+
+    rng = np.random.default_rng(0)
+    n, d = 10_000, 300
+    cols = np.argsort(rng.random((n, d)), axis=1)[:, :nnz]
+    X = sp.csr_matrix((rng.uniform(0.5, 1.5, n * nnz), cols.ravel(),
+                       np.arange(0, n * nnz + 1, nnz)), shape=(n, d))
+    y = rng.integers(0, 2, n)
+    steps = []
+    real = _fm.fit_heads
+
+    def spy(X, targets, sw, *a, **k):
+        steps.append(k["make_params"](X, sw, None).learning_rate)
+        return real(X, targets, sw, *a, **k)
+
+    monkeypatch.setattr(_fm, "fit_heads", spy)
+    kw = dict(n_factors=2, max_iter=1, random_state=0, device="cpu", early_stopping=False)
+    GPUFactorizationMachine(**kw).fit(X, y)
+    GPUFactorizationMachineRegressor(**kw).fit(X, y.astype(float))
+    assert steps == [pytest.approx(step), ADAGRAD_AUTO_LEARNING_RATE_FM]
+
+
 def test_regressor_defaults_are_stable_on_small_data():
     """The regressor's default step on 2,000 rows of 39 nonzeros (13 dense
     numeric columns; the rule's floor, 0.03): no epoch's training loss ten
