@@ -321,12 +321,15 @@ def test_the_best_epoch_is_restored_on_gpu(est, data, request):
 
 def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():
     # Adagrad's "auto" step: the FM's 0.03 from the early-stopping threshold
-    # on, 0.1 below and for logistic regression (docs/design/defaults.rst)
+    # on (the classifier's 1 / m within [0.03, 0.1]: rows of 40 nonzeros
+    # here, so 0.03; tests/test_fm.py varies m), 0.1 below and for logistic
+    # regression (docs/design/defaults.rst)
     from sklearn_cuwide._backends import get_backend
     from sklearn_cuwide._minibatch import auto_learning_rate
 
     n = EARLY_STOPPING_AUTO_MIN_SAMPLES
-    X, _ = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)
+    X, _ = make_ctr_classification(n, 2**10, n_fields=40, n_numeric=0, random_state=0)
+    assert X.nnz / X.shape[0] >= 1 / 0.03
     kw = dict(loss="logistic", fit_intercept=True, backend=get_backend("cpu"))
     sw = np.ones(n)
     assert auto_learning_rate("adagrad", X, sw, model="fm", **kw) == 0.03
@@ -336,7 +339,7 @@ def test_auto_learning_rate_of_the_fm_follows_the_number_of_rows():
                               **kw) == 0.03
     assert auto_learning_rate("adagrad", X, sw, model="linear", **kw) == 0.1
     # as the estimator resolves it (from the rows before the split)
-    y = make_ctr_classification(n, 2**8, n_fields=2, n_numeric=0, random_state=0)[1]
+    y = make_ctr_classification(n, 2**10, n_fields=40, n_numeric=0, random_state=0)[1]
     kw = dict(max_iter=1, n_factors=2, random_state=0, device="cpu")
     a = GPUFactorizationMachine(**kw).fit(X, y)
     b = GPUFactorizationMachine(learning_rate=0.03, **kw).fit(X, y)
