@@ -184,7 +184,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         if used is not None:
             full, warm = warm, [st.permute_features(used) for st in warm]
             X = with_columns(X, used)
-        progress.stage("step parameters")
+        progress.stage("step parameters", params.summary())
         # a fresh model's first steps move it most: they are taken from the
         # freshest weights, with the workers added in stages
         ramp = _concurrency.default_ramp(params.model) if warm is None else 0

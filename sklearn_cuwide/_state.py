@@ -118,6 +118,14 @@ class StepParams:
     def replace(self, **kw):
         return replace(self, **kw)
 
+    def summary(self):
+        """What a fit's ``verbose`` log says of its step: the step size, and
+        the penalties of an FM (its ``alpha`` and ``beta`` as resolved)."""
+        text = f"learning_rate {self.learning_rate:.4g}"
+        if self.model == "fm":
+            text += f", alpha {self.l2_w:.3g}, beta {self.l2_v:.3g}"
+        return text
+
 
 # --------------------------------------------------------------------------
 # the initial factors: one generator for every device
@@ -476,9 +484,11 @@ class FitProgress:
     wall-clock time, in the order the fit goes through them:
 
     * ``Stage: <name> in <t> s`` -- a stage that ends (:meth:`stage`): the
-      input checks, the early-stopping split, the step parameters, the
-      layout, each model's initial state and its upload to the device, and
-      after the epochs the model back on the host and the fitted attributes;
+      input checks, the early-stopping split, the step parameters (with the
+      step size and penalties they resolved to: ``"auto"`` depends on the
+      data), the layout, each model's initial state and its upload to the
+      device, and after the epochs the model back on the host and the
+      fitted attributes;
     * ``Epoch <k> in <t> s: <detail>, <r> samples/s, <T> s since the fit
       began`` -- an epoch (:meth:`step`), with the samples per second over
       the wall-clock of the whole fit so far, setup included: the rate the
@@ -538,14 +548,15 @@ class FitProgress:
         self._flush_iterations()
         self._print(line)
 
-    def stage(self, name):
-        """End the stage ``name`` (it began where the last line's span ended);
-        None prints nothing and leaves the span to the next line."""
+    def stage(self, name, detail=None):
+        """End the stage ``name`` (it began where the last line's span ended),
+        with what it resolved (``detail``, after a colon); None prints nothing
+        and leaves the span to the next line."""
         if name is None:
             return
         self._flush_iterations()
         _, span = self._span()
-        self._print(f"Stage: {name} in {span}")
+        self._print(f"Stage: {name} in {span}" + (f": {detail}" if detail else ""))
 
     def step(self, label, detail, n_samples):
         """Count ``n_samples`` rows processed and print ``label in <t> s:

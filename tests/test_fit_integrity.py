@@ -548,11 +548,16 @@ def test_verbose_reports_the_setup_and_the_whole_fits_rate(binary, multiclass, n
                                  max_iter=3, early_stopping=True).fit(X, y)
     lines = capsys.readouterr().out.splitlines()
     setup = [ln for ln in lines if ln.startswith("Stage: ")]
-    stages = [re.sub(r" in [\d.]+ s$", "", ln[len("Stage: "):]) for ln in setup]
+    stages = [re.sub(r" in [\d.]+ s(: .*)?$", "", ln[len("Stage: "):]) for ln in setup]
     heads = 3 if name == "fm" else 1
     assert stages[:4] == ["input checks", "validation split", "step parameters", "layout"]
     assert len([s for s in stages if s.endswith("initial state")]) == heads
-    assert all(ln.endswith(" in 1.000 s") for ln in setup)  # one tick each
+    assert all(re.search(r" in 1\.000 s(: |$)", ln) for ln in setup)  # one tick each
+    # the step parameters' line says what "auto" resolved to
+    step = est.get_params()["learning_rate"]
+    want = "learning_rate " + (f"{step:.4g}" if step != "auto" else "")
+    assert want in setup[2], setup[2]
+    assert ("alpha " in setup[2]) == name.startswith("fm")
     # early stopping ends each model's epochs with why and what it kept
     stopped = [ln for ln in lines if re.match(r"^(Model \d+ of \d+, s|S)topped after", ln)]
     assert len(stopped) == heads

@@ -238,7 +238,7 @@ class _DaskWide(BaseEstimator):
         params = StepParams(model=model, loss=loss, solver=self.solver,
                             learning_rate=lr, fit_intercept=self.fit_intercept,
                             **params_kw)
-        progress.stage("step parameters")
+        progress.stage("step parameters", params.summary())
         results = fit_epochs(
             client, shards, workers, comm, params=params,
             states=states(seed_init), heads=heads, n_outputs=n_outputs,
