@@ -144,8 +144,9 @@ _FM_PARAMS_DOC = """
         of the device; ``"max"``: every thread block the device runs at
         once, each on its own mini-batch, several times faster on millions
         of rows, at some cost in accuracy that depends on the data; an int
-        ``P``: at most ``P`` (thread block clusters of up to 8 blocks each).
-        The CPU always runs in order.  See :ref:`reproducibility`.
+        ``P``: at most ``P`` mini-batches at once (each on a group of up to
+        8 thread blocks).  The CPU always runs in order, whatever the value.
+        See :ref:`reproducibility`.
     verbose : int, default=0
         Above 0, print one line per setup stage (input checks, the layout,
         the initial state, ...) with its time, then one per epoch: loss,
