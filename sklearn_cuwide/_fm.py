@@ -29,6 +29,8 @@ from ._minibatch import (
     COMPUTE_DTYPE,
     auto_learning_rate,
     rows_nnz,
+    step_reads_row_nonzeros,
+    stored_zero_rows,
     fit_heads,
     fm_penalties,
     logit_prior,
@@ -262,21 +264,27 @@ class _BaseFM(_CuWideEstimator):
 
         def make_params(X, sw_train, rows, left_out=None):
             n_train = X.shape[0] if rows is None else rows.shape[0]
-            # the rows' nonzeros (a pass over the values) size "auto"'s beta alone
-            mean_nnz = (rows_nnz(X, rows, backend, left_out) / max(n_train, 1)
+            # the rows' nonzeros size "auto"'s beta and the classifier's
+            # "auto" step: one pass over the values finds the stored zeros
+            # for both
+            auto_step = self.learning_rate == "auto"
+            zeros = (stored_zero_rows(X, backend) if self.beta == "auto" or (
+                auto_step and step_reads_row_nonzeros(self.solver, "fm", self._loss, n_rows,
+                                                      partial)) else None)
+            mean_nnz = (rows_nnz(X, rows, backend, left_out, zeros) / max(n_train, 1)
                         if self.beta == "auto" else 1.0)
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
                                               float(np.sum(sw_train)), mean_nnz, multiplier)
             return StepParams(
                 model="fm", loss=self._loss, solver=self.solver,
-                learning_rate=(float(self.learning_rate) if self.learning_rate != "auto"
+                learning_rate=(float(self.learning_rate) if not auto_step
                                else auto_learning_rate(self.solver, X, sw_train,
                                                        loss=self._loss, backend=backend,
                                                        fit_intercept=self.fit_intercept,
                                                        model="fm", n_samples=n_rows,
                                                        partial=partial,
                                                        batch_size=self.batch_size,
-                                                       rows=rows)),
+                                                       rows=rows, zeros=zeros)),
                 l2_w=l2_w, l2_v=l2_v,
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=scaled,

@@ -546,7 +546,7 @@ def _still_falling(curve, tol):
     return len(curve) >= 2 and curve[-1] < min(curve[:-1]) - tol
 
 
-def rows_nnz(X, rows, backend, left_out=None):
+def rows_nnz(X, rows, backend, left_out=None, zeros=None):
     """Nonzeros of the rows ``rows`` of the CSR ``X`` (None: all): its
     stored entries less those whose value is 0.  Rule: a stored zero counts
     for nothing.  Why: the layout drops it (no occurrence of its feature),
@@ -554,8 +554,9 @@ def rows_nnz(X, rows, backend, left_out=None):
     its ``"auto"`` penalties included.  ``left_out``: the other rows of
     ``X`` (early stopping's held-out rows), whose stored entries are
     counted instead where they are fewer (the whole matrix's less
-    theirs)."""
-    xp, zero_rows = _stored_zero_rows(X, backend)
+    theirs).  ``zeros``: :func:`stored_zero_rows` of ``X``, when the caller
+    has it (None: found here)."""
+    xp, zero_rows = stored_zero_rows(X, backend) if zeros is None else zeros
     total = int(X.nnz) - (0 if zero_rows is None else int(zero_rows.shape[0]))
     if rows is None:
         return total
@@ -576,7 +577,7 @@ def _stored(X, rows, xp, backend):
     return int((X.indptr[r + 1] - X.indptr[r]).sum())
 
 
-def _stored_zero_rows(X, backend):
+def stored_zero_rows(X, backend):
     """``(xp, rows)``: the array module of the CSR ``X`` (scipy, or on the
     backend's device) and the row of each of its stored zeros, or None when
     it has none.  One count over the values first (on the host's threads,
@@ -696,7 +697,7 @@ CLASSIFIER_STEP_NNZ = 1.0
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
                        n_samples=None, batch_size=None, rows=None, partial=False,
-                       row_nnz=None):
+                       row_nnz=None, zeros=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
     with ``L`` a bound on the Lipschitz constant of a mini-batch's mean
     loss gradient (of the linear part for an FM; ``batch_size`` rows, None:
@@ -709,7 +710,8 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     (:data:`REGRESSOR_STEP_NNZ`) fall with the weighted mean nonzeros of a
     training row (``row_nnz``, else :func:`mean_row_nonzeros` of ``X``).
     ``rows``: the training rows of ``X`` (None: all; ``sw`` their
-    weights)."""
+    weights); ``zeros``: :func:`stored_zero_rows` of ``X`` when the caller
+    has it (one pass over the values for the step and the penalties)."""
     if solver == "sgd":
         return _sgd_learning_rate(X, sw, loss=loss, fit_intercept=fit_intercept,
                                   backend=backend, batch_size=batch_size, rows=rows)
@@ -717,7 +719,7 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     large = partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES
     if step_reads_row_nonzeros(solver, model, loss, n, partial):
         if row_nnz is None and X is not None:
-            row_nnz = mean_row_nonzeros(X, rows, sw, backend)
+            row_nnz = mean_row_nonzeros(X, rows, sw, backend, zeros)
         if row_nnz:
             per = REGRESSOR_STEP_NNZ if loss == "squared" else CLASSIFIER_STEP_NNZ
             return min(ADAGRAD_AUTO_LEARNING_RATE, max(ADAGRAD_AUTO_LEARNING_RATE_FM,
@@ -739,13 +741,14 @@ def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False):
     return small if loss == "squared" else not small
 
 
-def mean_row_nonzeros(X, rows, sw, backend):
+def mean_row_nonzeros(X, rows, sw, backend, zeros=None):
     """The mean nonzeros of a training row of the CSR ``X`` (scipy or on
     the backend's device), weighted by ``sw`` (the rows' ``rows`` of ``X``;
     None: all): stored zeros are not counted, and an integer weight counts
     as that many copies of its row.  (The ``"auto"`` factor penalty's ``m``
-    is the plain mean, :func:`rows_nnz`.)"""
-    xp, zero_rows = _stored_zero_rows(X, backend)
+    is the plain mean, :func:`rows_nnz`.)  ``zeros``: as :func:`rows_nnz`
+    takes it."""
+    xp, zero_rows = stored_zero_rows(X, backend) if zeros is None else zeros
     per_row = xp.diff(X.indptr).astype(xp.int64)
     if zero_rows is not None:
         per_row -= xp.bincount(zero_rows, minlength=per_row.shape[0]).astype(xp.int64)

@@ -415,6 +415,39 @@ def test_classifier_step_falls_with_the_rows_nonzeros(nnz, step, monkeypatch):
     assert steps == [pytest.approx(step), ADAGRAD_AUTO_LEARNING_RATE_FM]
 
 
+def test_the_step_and_the_penalty_share_one_pass_over_the_values(monkeypatch):
+    """An FM classifier of 10,000 rows or more at its defaults reads the
+    rows' nonzeros twice (its "auto" beta and its "auto" step): the stored
+    zeros are found once, in one pass over the values, and the step still
+    counts them out (a row's stored zero is no nonzero)."""
+    from sklearn_cuwide import _fm, _minibatch
+
+    rng = np.random.default_rng(0)
+    n, d, nnz = 10_000, 300, 40
+    cols = np.argsort(rng.random((n, d)), axis=1)[:, :nnz]
+    vals = rng.uniform(0.5, 1.5, n * nnz)
+    vals[::2] = 0.0  # half of them stored zeros: 20 nonzeros a row
+    X = sp.csr_matrix((vals, cols.ravel(), np.arange(0, n * nnz + 1, nnz)), shape=(n, d))
+    calls, steps = [], []
+    real_zeros, real_heads = _minibatch.stored_zero_rows, _fm.fit_heads
+
+    def zeros(X, backend):
+        calls.append(X.shape)
+        return real_zeros(X, backend)
+
+    def heads(X, targets, sw, *a, **k):
+        steps.append(k["make_params"](X, sw, None).learning_rate)
+        return real_heads(X, targets, sw, *a, **k)
+
+    monkeypatch.setattr(_fm, "stored_zero_rows", zeros)
+    monkeypatch.setattr(_minibatch, "stored_zero_rows", zeros)
+    monkeypatch.setattr(_fm, "fit_heads", heads)
+    GPUFactorizationMachine(n_factors=2, max_iter=1, random_state=0, device="cpu",
+                            early_stopping=False).fit(X, rng.integers(0, 2, n))
+    assert steps == [pytest.approx(0.05)]  # 1 / 20 (1 / 40 would be the floor, 0.03)
+    assert len(calls) == 2  # once per make_params call: the spy's and the fit's
+
+
 def test_regressor_defaults_are_stable_on_small_data():
     """The regressor's default step on 2,000 rows of 39 nonzeros (13 dense
     numeric columns; the rule's floor, 0.03): no epoch's training loss ten
