@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
+from ._backends._tiles import MAX_HOT, in_order_row_stride
+from ._layout import MAX_SAMPLE_BLOCK
 from ._out_of_core import (
     PIECE_ROWS, SLOT_FRACTION, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz,
 )
@@ -57,10 +59,6 @@ LBFGS_PAIRS = 10
 #: most rows of one run of an out-of-core prediction
 #: (:func:`sklearn_cuwide._out_of_core.predict_chunks`)
 PREDICT_RUN_ROWS = 1 << 16
-#: the largest sample block (``_layout.MAX_SAMPLE_BLOCK``)
-MAX_SAMPLE_BLOCK = 65536
-#: most hot features of a layout (_backends._tiles.MAX_HOT)
-MAX_HOT = 16384
 
 
 class InsufficientMemoryError(MemoryError):
@@ -108,8 +106,6 @@ def in_order_scratch_bytes(sample_block, n_hot, n_factors):
     (``_cuda._train.InOrderScratch``): two sample blocks' per-sample sums,
     the hot features' gradients and two sets of touched flags, and four
     floats."""
-    from ._backends._tiles import in_order_row_stride
-
     sb = int(min(sample_block, MAX_SAMPLE_BLOCK))
     hw = int(n_factors) + 1
     return 4 * (2 * sb * in_order_row_stride(n_factors) + int(n_hot) * (hw + 2) + 4)

@@ -357,26 +357,40 @@ def test_regressor_partial_fit_standardises_at_the_first_varied_part():
     assert r2_plain > 0.6 and r2_late > 0.5, (r2_plain, r2_late)
 
 
-@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
-def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch):
-    """learning_rate="auto" with Adagrad: a fit of fewer than 10,000 rows
-    takes the small data's step (the regressor's by its rows' nonzeros), a
-    partial_fit call of as few the larger data's (its rows are a part of
-    the data, not its size)."""
+def _record_steps(monkeypatch):
+    """The learning rate of each FM fit from here on (a list that grows):
+    ``fit_heads`` spied, its ``make_params`` called on the fit's rows."""
     from sklearn_cuwide import _fm
-    from sklearn_cuwide._minibatch import (ADAGRAD_AUTO_LEARNING_RATE,
-                                           ADAGRAD_AUTO_LEARNING_RATE_FM)
 
-    X, y = small_binary
-    assert X.shape[0] < 10_000
-    steps = []
-    real = _fm.fit_heads
+    steps, real = [], _fm.fit_heads
 
     def spy(X, targets, sw, *a, **k):
         steps.append(k["make_params"](X, sw, None).learning_rate)
         return real(X, targets, sw, *a, **k)
 
     monkeypatch.setattr(_fm, "fit_heads", spy)
+    return steps
+
+
+def _rows_of(rng, nnz, n=10_000, d=300):
+    """A CSR of ``n`` rows of ``nnz`` stored entries each, in ``d`` columns."""
+    cols = np.argsort(rng.random((n, d)), axis=1)[:, :nnz]
+    return sp.csr_matrix((rng.uniform(0.5, 1.5, n * nnz), cols.ravel(),
+                          np.arange(0, n * nnz + 1, nnz)), shape=(n, d))
+
+
+@pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
+def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch):
+    """learning_rate="auto" with Adagrad: a fit of fewer than 10,000 rows
+    takes the small data's step (the regressor's by its rows' nonzeros), a
+    partial_fit call of as few the larger data's (its rows are a part of
+    the data, not its size)."""
+    from sklearn_cuwide._minibatch import (ADAGRAD_AUTO_LEARNING_RATE,
+                                           ADAGRAD_AUTO_LEARNING_RATE_FM)
+
+    X, y = small_binary
+    assert X.shape[0] < 10_000
+    steps = _record_steps(monkeypatch)
     kw = dict(n_factors=3, max_iter=1, random_state=0, device="cpu")
     Est(**kw).fit(X, y)
     first = {"classes": [0, 1]} if Est is GPUFactorizationMachine else {}
@@ -392,23 +406,12 @@ def test_classifier_step_falls_with_the_rows_nonzeros(nnz, step, monkeypatch):
     """From 10,000 rows the FM classifier's "auto" Adagrad step is
     ``1 / m`` within [0.03, 0.1], ``m`` the mean nonzeros of a training
     row; the regressor's stays 0.03 (the defaults study's choices)."""
-    from sklearn_cuwide import _fm
     from sklearn_cuwide._minibatch import ADAGRAD_AUTO_LEARNING_RATE_FM
 
     rng = np.random.default_rng(0)
-    n, d = 10_000, 300
-    cols = np.argsort(rng.random((n, d)), axis=1)[:, :nnz]
-    X = sp.csr_matrix((rng.uniform(0.5, 1.5, n * nnz), cols.ravel(),
-                       np.arange(0, n * nnz + 1, nnz)), shape=(n, d))
-    y = rng.integers(0, 2, n)
-    steps = []
-    real = _fm.fit_heads
-
-    def spy(X, targets, sw, *a, **k):
-        steps.append(k["make_params"](X, sw, None).learning_rate)
-        return real(X, targets, sw, *a, **k)
-
-    monkeypatch.setattr(_fm, "fit_heads", spy)
+    X = _rows_of(rng, nnz)
+    y = rng.integers(0, 2, X.shape[0])
+    steps = _record_steps(monkeypatch)
     kw = dict(n_factors=2, max_iter=1, random_state=0, device="cpu", early_stopping=False)
     GPUFactorizationMachine(**kw).fit(X, y)
     GPUFactorizationMachineRegressor(**kw).fit(X, y.astype(float))
@@ -423,25 +426,19 @@ def test_the_step_and_the_penalty_share_one_pass_over_the_values(monkeypatch):
     from sklearn_cuwide import _fm, _minibatch
 
     rng = np.random.default_rng(0)
-    n, d, nnz = 10_000, 300, 40
-    cols = np.argsort(rng.random((n, d)), axis=1)[:, :nnz]
-    vals = rng.uniform(0.5, 1.5, n * nnz)
-    vals[::2] = 0.0  # half of them stored zeros: 20 nonzeros a row
-    X = sp.csr_matrix((vals, cols.ravel(), np.arange(0, n * nnz + 1, nnz)), shape=(n, d))
-    calls, steps = [], []
-    real_zeros, real_heads = _minibatch.stored_zero_rows, _fm.fit_heads
+    X = _rows_of(rng, 40)
+    X.data[::2] = 0.0  # half of them stored zeros: 20 nonzeros a row
+    n = X.shape[0]
+    calls = []
+    real_zeros = _minibatch.stored_zero_rows
 
     def zeros(X, backend):
         calls.append(X.shape)
         return real_zeros(X, backend)
 
-    def heads(X, targets, sw, *a, **k):
-        steps.append(k["make_params"](X, sw, None).learning_rate)
-        return real_heads(X, targets, sw, *a, **k)
-
     monkeypatch.setattr(_fm, "stored_zero_rows", zeros)
     monkeypatch.setattr(_minibatch, "stored_zero_rows", zeros)
-    monkeypatch.setattr(_fm, "fit_heads", heads)
+    steps = _record_steps(monkeypatch)
     GPUFactorizationMachine(n_factors=2, max_iter=1, random_state=0, device="cpu",
                             early_stopping=False).fit(X, rng.integers(0, 2, n))
     assert steps == [pytest.approx(0.05)]  # 1 / 20 (1 / 40 would be the floor, 0.03)

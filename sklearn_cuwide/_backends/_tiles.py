@@ -11,6 +11,8 @@ and :func:`replicas_of_width` against the CUDA source with nvcc alone.
 
 import numpy as np
 
+from .._layout import MAX_SAMPLE_BLOCK
+
 #: threads per block of the training kernel
 THREADS = 512
 #: thread blocks resident per multiprocessor (each gets half the memory)
@@ -22,8 +24,6 @@ DRIVER_RESERVED = 1024
 STATIC_SMEM = 64
 #: most hot features a thread block caches
 MAX_HOT = 16384
-#: most rows of a sample block: a nonzero's row within it is a uint16
-MAX_SAMPLE_BLOCK = 65536
 
 
 def _width(params, n_outputs, n_factors):
@@ -87,7 +87,7 @@ def tile_shape(shared_per_sm, params, n_outputs, n_factors, batch_size, in_order
     hw = hot_width(params, n_outputs, n_factors)
     rep = replicas(params, n_outputs, n_factors)
     avail = budget - smem_bytes(0, 0, rs, hw, rep, n_outputs)
-    sb_max = max(1, min(65536, (avail // 2) // (4 * rs)))
+    sb_max = max(1, min(MAX_SAMPLE_BLOCK, (avail // 2) // (4 * rs)))
     batch_size = max(1, int(batch_size))
     n_sb = -(-batch_size // sb_max)
     sb = -(-batch_size // n_sb)
