@@ -1,7 +1,7 @@
 // Full-batch objective of binary logistic regression for L-BFGS, in two
 // fused passes over the data (float64 accumulation; the data may be float32).
 //
-//   forward  (CSR of X, one warp per row):
+//   forward  (CSR of X, a group of lanes per row):
 //       z_r = x_r . w + b;  E_r = s_r (sigmoid(z_r) - y_r)
 //       acc[0] += s_r (log(1 + exp(z_r)) - y_r z_r);  acc[1] += E_r
 //   backward (CSR of X^T, one warp per piece of a feature's nonzeros):
@@ -35,24 +35,34 @@ __device__ __forceinline__ double block_sum_of_warps(double v, double* sh) {
 
 }  // namespace cuwide_lbfgs
 
-template <typename IDX, typename T>
+// W lanes per row (a power of two up to 32): the launcher picks W from the
+// mean row length, so that a lane sums a few nonzeros and a warp walks
+// several short rows at once instead of one
+template <typename IDX, typename T, int W>
 __global__ void cuwide_lbfgs_logistic_forward(
     const IDX* __restrict__ indptr, const IDX* __restrict__ indices,
     const T* __restrict__ data, long long n_rows, const double* __restrict__ x,
     long long d, int fit_intercept, const double* __restrict__ y,
     const double* __restrict__ sw, double* __restrict__ E, double* __restrict__ acc) {
+  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "W: a power of two up to 32");
   __shared__ double sh_lo[32], sh_e[32];
-  const int lane = threadIdx.x & 31;
-  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  const int sub = threadIdx.x & (W - 1);
+  const long long groups = ((long long)gridDim.x * blockDim.x) / W;
   const double b = fit_intercept ? x[d] : 0.0;
-  double lo_sum = 0.0, e_sum = 0.0;  // lane 0's running sums
-  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n_rows;
-       r += warps) {
-    const long long p0 = (long long)indptr[r], p1 = (long long)indptr[r + 1];
+  double lo_sum = 0.0, e_sum = 0.0;  // a row's first lane's running sums
+  // the warp loops while one of its rows remains: its lanes shuffle together
+  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / W;
+       __any_sync(0xffffffffu, r < n_rows); r += groups) {
+    const bool ok = r < n_rows;
     double z = 0.0;
-    for (long long p = p0 + lane; p < p1; p += 32) z += (double)data[p] * x[indices[p]];
-    z = cuwide_lbfgs::warp_sum(z) + b;
-    if (lane == 0) {
+    if (ok) {
+      const long long p0 = (long long)indptr[r], p1 = (long long)indptr[r + 1];
+      for (long long p = p0 + sub; p < p1; p += W) z += (double)data[p] * x[indices[p]];
+    }
+#pragma unroll
+    for (int off = W / 2; off > 0; off >>= 1) z += __shfl_xor_sync(0xffffffffu, z, off, W);
+    if (ok && sub == 0) {
+      z += b;
       const double yr = y[r], s = sw[r];
       // log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)); sigmoid without overflow
       const double ez = exp(-fabs(z));
@@ -64,8 +74,8 @@ __global__ void cuwide_lbfgs_logistic_forward(
       e_sum += e;
     }
   }
-  const double a = cuwide_lbfgs::block_sum_of_warps(lo_sum, sh_lo);
-  const double c = cuwide_lbfgs::block_sum_of_warps(e_sum, sh_e);
+  const double a = cuwide_lbfgs::block_sum_of_warps(cuwide_lbfgs::warp_sum(lo_sum), sh_lo);
+  const double c = cuwide_lbfgs::block_sum_of_warps(cuwide_lbfgs::warp_sum(e_sum), sh_e);
   if (threadIdx.x == 0) {
     atomicAdd(acc, a);
     atomicAdd(acc + 1, c);
@@ -183,10 +193,10 @@ __global__ void cuwide_lbfgs_direction(const double* __restrict__ B, long long n
 }
 
 #ifdef CUWIDE_NVCC_CHECK
-template __global__ void cuwide_lbfgs_logistic_forward<int, float>(
+template __global__ void cuwide_lbfgs_logistic_forward<int, float, 8>(
     const int*, const int*, const float*, long long, const double*, long long, int,
     const double*, const double*, double*, double*);
-template __global__ void cuwide_lbfgs_logistic_forward<long long, double>(
+template __global__ void cuwide_lbfgs_logistic_forward<long long, double, 32>(
     const long long*, const long long*, const double*, long long, const double*, long long,
     int, const double*, const double*, double*, double*);
 template __global__ void cuwide_lbfgs_logistic_backward<int, float>(

@@ -957,8 +957,10 @@ __global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_a
 //              and updates the feature (a cold feature has one segment in a
 //              tile: one group updates it).  Hot tile: groups take even runs
 //              of its nonzeros and add each feature's partial sums into a
-//              global gradient buffer.  The rows' losses and the intercept's
-//              gradient are summed once per row
+//              global gradient buffer, those of a feature shared with the
+//              neighbouring groups first in the block's shared memory.  The
+//              rows' losses and the intercept's gradient are summed once per
+//              row
 //   hot update the hot features' and the intercept's updates from those
 //              sums, which are zeroed
 //
@@ -968,22 +970,18 @@ __global__ void CUWIDE_CLUSTER_DIMS(CL) __launch_bounds__(512, 2) cuwide_train_a
 // No per-sample state in shared memory, so a sample block may be a whole
 // mini-batch (_tiles.tile_shape, in order).
 namespace cuwide {
-// A barrier of the whole grid (all blocks co-resident: a cooperative launch).
-// bar[0] counts the blocks arrived, bar[1] is the generation; the last block
-// to arrive resets the count and opens the next generation.
+// A barrier of the whole grid (all blocks co-resident: a cooperative launch),
+// one atomic per block on one word: each block adds 1 and block 0 adds
+// 2^31 - (blocks - 1), so the word's top bit flips when the last block
+// arrives (and the low bits are back where they were, for the next barrier)
 __device__ __forceinline__ void grid_barrier(unsigned int* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned int* gen = bar + 1;
-    const unsigned int g = *gen;
+    const unsigned int inc = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    volatile unsigned int* v = bar;
     __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      while (*gen == g) {
-      }
+    const unsigned int old = atomicAdd(bar, inc);
+    while (((old ^ *v) & 0x80000000u) == 0) {
     }
     __threadfence();
   }
@@ -1022,7 +1020,7 @@ __global__ void __launch_bounds__(512, 2) cuwide_train_in_order(
     const float* __restrict__ pscale, double* loss_out,
     // scratch, zeroed before the launch: 2 * sample_block per-sample rows,
     // n_hot * (NF + 1) hot gradients, 2 * n_hot touched flags, 2 intercept
-    // gradients, the barrier's 2 counters
+    // gradients, the barrier's word (_tiles.in_order_scratch_sizes)
     float* acc2, float* hgrad, int* touched2, float* bacc, unsigned int* bar,
     const StepArgs args) {
   constexpr bool VEC = InOrderRow<NF>::VEC;
@@ -1043,6 +1041,16 @@ __global__ void __launch_bounds__(512, 2) cuwide_train_in_order(
   // the lanes of this apply group (shuffles inside a group's own loops)
   const unsigned gmask = G == 32 ? CUWIDE_FULL_MASK : (((1u << G) - 1u) << (lane & ~(G - 1)));
   const long long acc_size = (long long)args.sample_block * RS;
+  // the hot tile's slots: two per group of the block (its run's first and
+  // last features), where the partial sums of a feature that several of the
+  // block's groups hold meet before global memory (the hottest features
+  // span many groups: their atomics would queue on one address); models too
+  // wide for the static shared memory add straight to global memory
+  constexpr int GPB = 512 / G, SLOTS = 2 * GPB;
+  constexpr bool COMBINE = SLOTS * HW * 4 <= 32768;
+  __shared__ int sh_first[GPB], sh_last[GPB];
+  __shared__ float sh_sum[COMBINE ? SLOTS * HW : 1];
+  const int jg = tid / G;  // this group in the block
   double my_loss = 0.0;
   int step = 0;
 
@@ -1145,21 +1153,46 @@ __global__ void __launch_bounds__(512, 2) cuwide_train_in_order(
         }
       }
       // hot tile: a group takes an even run of the nonzeros (sorted by
-      // feature) and adds each feature's partial sums once
+      // feature) and adds each feature's partial sums once; a feature that
+      // runs on from a neighbouring group's run (its first or last) adds
+      // them in the block's slots, which meet in global memory once
       {
         const long long per = (t1 - t0 + ng - 1) / ng;
         const long long i0 = t0 + per * gg;
         const long long iend = i0 + per < t1 ? i0 + per : t1;
+        int f_first = -1, f_last = -1;
+        if (COMBINE) {
+          if (i0 < iend) {
+            f_first = feat[i0];
+            f_last = feat[iend - 1];
+          }
+          if (gl == 0) {
+            sh_first[jg] = f_first;
+            sh_last[jg] = f_last;
+          }
+          for (int i = tid; i < SLOTS * HW; i += bd) sh_sum[i] = 0.f;
+          __syncthreads();
+        }
         int fc = -1;
         float vc[KPL], c[KPL + 1];
         auto flush = [&]() {
           if (gl == 0) touched[fc] = 1;
+          auto add = [&](float* dst) {
 #pragma unroll
-          for (int kk = 0; kk < KPL; ++kk) {
-            const int k = gl + kk * G;
-            if (k < NF) atomicAdd(&hgrad[fc * HW + k], c[kk]);
+            for (int kk = 0; kk < KPL; ++kk) {
+              const int k = gl + kk * G;
+              if (k < NF) atomicAdd(dst + k, c[kk]);
+            }
+            if (gl == 0) atomicAdd(dst + NF, c[KPL]);
+          };
+          if (COMBINE && (fc == f_first || fc == f_last)) {
+            // the slot of the block's first group whose run holds fc
+            int o = jg;
+            while (o > 0 && sh_first[o] == fc && sh_last[o - 1] == fc) --o;
+            add(sh_sum + (2 * o + (sh_first[o] == fc ? 0 : 1)) * HW);
+          } else {
+            add(hgrad + fc * HW);
           }
-          if (gl == 0) atomicAdd(&hgrad[fc * HW + NF], c[KPL]);
         };
         for (long long i = i0; i < iend; ++i) {
           const int f = feat[i];
@@ -1182,6 +1215,16 @@ __global__ void __launch_bounds__(512, 2) cuwide_train_in_order(
           c[KPL] += ex;
         }
         if (fc >= 0) flush();
+        if (COMBINE) {
+          __syncthreads();
+          for (int i = tid; i < SLOTS * HW; i += bd) {
+            const float v = sh_sum[i];
+            if (v != 0.f) {
+              const int sl = i / HW, k = i - sl * HW;
+              atomicAdd(&hgrad[((sl & 1) ? sh_last[sl >> 1] : sh_first[sl >> 1]) * HW + k], v);
+            }
+          }
+        }
       }
       // cold tile: the group whose position is a segment's head sums it
       for (long long base = t1; base < t2; base += ng) {

@@ -34,7 +34,7 @@ __all__ = [
     "source_dir", "source_text", "kernel_name", "get_kernel", "get_kernels",
     "get_module_kernels", "memoised_module", "prefetch", "train_instantiation",
     "launch_plan", "epoch_instantiations", "predict_instantiation", "build_instantiations",
-    "factors_instantiation", "loss_instantiation", "lbfgs_instantiations",
+    "factors_instantiation", "loss_instantiation", "lbfgs_instantiations", "lbfgs_row_lanes",
     "lbfgs_memory_instantiation", "classic_instantiation",
     "compile_seconds", "MODEL", "LOSS", "SOLVER", "VARIANTS",
 ]
@@ -199,11 +199,29 @@ def predict_instantiation(indptr_dtype, indices_dtype, data_dtype, model, n_outp
         int(n_factors) if model == "fm" else 0)
 
 
-def lbfgs_instantiations(indices_dtype, data_dtype):
+#: lanes per row of the L-BFGS forward pass it may use
+LBFGS_ROW_LANES = (4, 8, 16, 32)
+
+
+def lbfgs_row_lanes(nnz, n_rows):
+    """Lanes per row of the L-BFGS forward pass: the fewest of
+    :data:`LBFGS_ROW_LANES` that leave a lane at most 8 nonzeros of a mean
+    row (a lane's loads are a chain; short rows waste a whole warp's)."""
+    mean = nnz / max(int(n_rows), 1)
+    for lanes in LBFGS_ROW_LANES:
+        if mean <= 8 * lanes:
+            return lanes
+    return LBFGS_ROW_LANES[-1]
+
+
+def lbfgs_instantiations(indices_dtype, data_dtype, row_lanes=32):
     """The fused L-BFGS objective's two kernels (``cuda/cuwide_lbfgs.cu``):
-    ``(forward, backward)`` name expressions for a CSR of these dtypes."""
+    ``(forward, backward)`` name expressions for a CSR of these dtypes, the
+    forward pass with ``row_lanes`` lanes per row."""
+    if row_lanes not in LBFGS_ROW_LANES:
+        raise ValueError(f"row_lanes must be one of {LBFGS_ROW_LANES}, got {row_lanes!r}")
     targs = (CTYPE[str(indices_dtype)], CTYPE[str(data_dtype)])
-    return (kernel_name("cuwide_lbfgs_logistic_forward", *targs),
+    return (kernel_name("cuwide_lbfgs_logistic_forward", *targs, int(row_lanes)),
             kernel_name("cuwide_lbfgs_logistic_backward", *targs))
 
 

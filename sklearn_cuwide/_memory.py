@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from ._backends._tiles import MAX_HOT, in_order_row_stride
+from ._backends._tiles import MAX_HOT, in_order_scratch_sizes
 from ._layout import MAX_SAMPLE_BLOCK
 from ._out_of_core import (
     PIECE_ROWS, SLOT_FRACTION, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz,
@@ -103,12 +103,8 @@ def layout_blocks(n_rows, batch_size, sample_block):
 
 def in_order_scratch_bytes(sample_block, n_hot, n_factors):
     """Bytes of an FM's in-order training kernel's scratch
-    (``_cuda._train.InOrderScratch``): two sample blocks' per-sample sums,
-    the hot features' gradients and two sets of touched flags, and four
-    floats."""
-    sb = int(min(sample_block, MAX_SAMPLE_BLOCK))
-    hw = int(n_factors) + 1
-    return 4 * (2 * sb * in_order_row_stride(n_factors) + int(n_hot) * (hw + 2) + 4)
+    (``_cuda._train.InOrderScratch``: :func:`~._backends._tiles.in_order_scratch_sizes`)."""
+    return 4 * sum(in_order_scratch_sizes(sample_block, n_hot, n_factors))
 
 
 def layout_index_bytes(n_rows, batch_size, sample_block):

@@ -19,6 +19,7 @@ pytestmark = [
     pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU"),
 ]
 
+from sklearn_cuwide import _kernels  # noqa: E402
 from sklearn_cuwide._backends import _cpu  # noqa: E402
 from sklearn_cuwide._layout import build_layout  # noqa: E402
 from sklearn_cuwide._solvers import batch_weights, fit_lbfgs_linear  # noqa: E402
@@ -245,19 +246,23 @@ def test_switches_match_reference(cuda, cfg, switch):
 
 
 FM_CONFIGS = [c for c in CONFIGS if c[1]["model"] == "fm"]
+# too wide for the in-order kernel's shared slots of the hot tile (its
+# partial sums go straight to global memory)
+WIDE_FM = ("fm300-adagrad", dict(model="fm", loss="logistic", solver="adagrad"), 1, 300)
 
 
 @pytest.mark.parametrize("case", ["in_order_tiles", "small_tiles", "no_hot", "all_hot_rule",
                                   "stream", "one_row_blocks"])
-@pytest.mark.parametrize("cfg", FM_CONFIGS, ids=[c[0] for c in FM_CONFIGS])
+@pytest.mark.parametrize("cfg", FM_CONFIGS + [WIDE_FM], ids=[c[0] for c in FM_CONFIGS + [WIDE_FM]])
 def test_in_order_kernel_matches_reference(cuda, cfg, case, monkeypatch):
     """An FM's one worker is ``cuwide_train_in_order`` (every block of the
     grid in every step, grid barriers between the stages): one epoch equals
     the float64 reference's, on the tiles the in-order fits use (a sample
-    block per mini-batch, the hot features as the layout rule admits them),
-    on the concurrent kernels' smaller tiles, without hot features, with a
-    streamed layout (a launch per chunk, the scratch zeroed for each) and
-    on sample blocks of one row."""
+    block per mini-batch, the hot features as the layout rule admits them,
+    a hot feature's run spread over many groups), on the concurrent
+    kernels' smaller tiles, without hot features, with a streamed layout (a
+    launch per chunk, the scratch zeroed for each) and on sample blocks of
+    one row; for every FM config and one too wide for the shared slots."""
     from sklearn_cuwide._backends._cuda import _train
 
     rng = np.random.default_rng()
@@ -411,14 +416,21 @@ def test_lbfgs_gpu_matches_cpu(cuda, loss, D):
     np.testing.assert_allclose(i_gpu, i_cpu, rtol=1e-4, atol=1e-4 * scale)
 
 
+@pytest.mark.parametrize("lanes", _kernels.LBFGS_ROW_LANES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("fit_intercept", [True, False])
-def test_fused_logistic_objective_matches_float64(cuda, dtype, fit_intercept):
+def test_fused_logistic_objective_matches_float64(cuda, dtype, fit_intercept, lanes,
+                                                  monkeypatch):
     """The two fused L-BFGS kernels against a float64 numpy objective, at a
-    random point, with empty rows/columns and a feature present in every row."""
+    random point, with empty rows/columns, a feature present in every row
+    and rows longer than a warp, for every number of lanes per row of the
+    forward pass."""
     import cupy as cp
     import scipy.sparse as sp
 
+    from sklearn_cuwide._backends._cuda import _lbfgs
+
+    monkeypatch.setattr(_lbfgs, "lbfgs_row_lanes", lambda nnz, n_rows: lanes)
     rng = np.random.default_rng()
     n, d = int(rng.integers(2000, 5000)), int(rng.integers(300, 900))
     X = sp.random(n, d, density=0.02, format="csr", random_state=rng, dtype=np.float64)
@@ -426,6 +438,8 @@ def test_fused_logistic_objective_matches_float64(cuda, dtype, fit_intercept):
     X[:, 7] = rng.uniform(0.5, 2.0, size=(n, 1))  # present in every row
     X[:, 11] = 0.0  # empty column
     X[5, :] = 0.0  # empty row
+    X[9, :] = rng.uniform(-1.0, 1.0, size=(1, d))  # every feature: a long row
+    X[9, 11] = 0.0
     X = X.tocsr().astype(dtype)
     X.eliminate_zeros()
     y = (rng.random(n) < 0.4).astype(np.float64)

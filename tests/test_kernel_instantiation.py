@@ -70,6 +70,20 @@ def test_train_instantiation_refuses_what_has_no_kernel():
         _kernels.train_instantiation("linear", 1, 0, "sgd", "logistic", variant="fast")
 
 
+def test_lbfgs_forward_pass_lanes_per_row():
+    """The L-BFGS forward pass gives a lane at most 8 nonzeros of a mean row
+    with the fewest lanes; rows longer than 8 warps' worth get a warp."""
+    lanes = _kernels.lbfgs_row_lanes
+    assert [lanes(m * 1000, 1000) for m in (0, 1, 32, 33, 64, 65, 128, 129, 256, 5000)] == [
+        4, 4, 4, 8, 8, 16, 16, 32, 32, 32]
+    assert lanes(39_000_000, 1_000_000) == 8  # the benchmark's CTR rows
+    assert lanes(10, 0) == 4
+    assert _kernels.lbfgs_instantiations("int32", "float32", 8)[0] == (
+        "cuwide_lbfgs_logistic_forward<int, float, 8>")
+    with pytest.raises(ValueError, match="row_lanes"):
+        _kernels.lbfgs_instantiations("int32", "float32", 12)
+
+
 def test_predict_instantiation():
     assert _kernels.predict_instantiation("int32", "int32", "float32", "linear", 3, 0) == \
         "cuwide_predict<int, int, float, cuwide::LINEAR, 3, 0>"
@@ -255,8 +269,9 @@ def _every_launcher_name():
             ("int32", "int64"), ("int32", "int64"), ("float32", "float64"), _kernels.MODEL,
             (1, 3), (4, 16)):
         names.add(_kernels.predict_instantiation(ipt, idx, val, model, out, k))
-    for idx, val in itertools.product(("int32", "int64"), ("float32", "float64")):
-        names.update(_kernels.lbfgs_instantiations(idx, val))
+    for idx, val, lanes in itertools.product(("int32", "int64"), ("float32", "float64"),
+                                             _kernels.LBFGS_ROW_LANES):
+        names.update(_kernels.lbfgs_instantiations(idx, val, lanes))
     for name in ("cuwide_lbfgs_gram", "cuwide_lbfgs_direction"):
         names.add(_kernels.lbfgs_memory_instantiation(name, 20))
     for model, solver, loss in itertools.product(_kernels.MODEL, _kernels.SOLVER,
@@ -339,8 +354,8 @@ def _fit_names():
                                                           "linear", 1, 0),
                            _kernels.predict_instantiation("int64", "int32", "float64", "fm",
                                                           1, 16)]),
-    ("cuwide_lbfgs.cu", [*_kernels.lbfgs_instantiations("int32", "float32"),
-                         *_kernels.lbfgs_instantiations("int64", "float64"),
+    ("cuwide_lbfgs.cu", [*_kernels.lbfgs_instantiations("int32", "float32", 4),
+                         *_kernels.lbfgs_instantiations("int64", "float64", 32),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_gram", 20),
                          _kernels.lbfgs_memory_instantiation("cuwide_lbfgs_direction", 20)]),
     ("cuwide_factors.cu", [_kernels.factors_instantiation("float32")]),

@@ -106,6 +106,16 @@ def in_order_row_stride(n_factors):
     return int(n_factors) + (4 if vec else 1)
 
 
+def in_order_scratch_sizes(sample_block, n_hot, n_factors):
+    """Sizes, in 4-byte words and in the kernel's argument order, of the
+    in-order FM kernel's scratch: two sample blocks' per-sample sums, the
+    hot features' gradients, two sets of touched flags, two intercept
+    gradients and the grid barrier's word."""
+    sb = int(min(sample_block, MAX_SAMPLE_BLOCK))
+    return (2 * sb * in_order_row_stride(n_factors), int(n_hot) * (int(n_factors) + 1),
+            2 * int(n_hot), 2, 1)
+
+
 # --------------------------------------------------------------------------
 # the training kernel's scalar arguments
 # --------------------------------------------------------------------------

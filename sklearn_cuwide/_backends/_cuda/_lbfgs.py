@@ -7,6 +7,7 @@ from ..._kernels import (
     get_kernel,
     get_kernels,
     lbfgs_instantiations,
+    lbfgs_row_lanes,
     lbfgs_memory_instantiation,
 )
 from ._runtime import props, put_csr
@@ -47,11 +48,12 @@ def fused_objective(X, y, ws, *, loss, n_outputs, lam, fit_intercept):
     n, d = X.shape
     y = cp.ascontiguousarray(y, dtype=cp.float64)
     ws = cp.ascontiguousarray(ws, dtype=cp.float64)
-    fwd, bwd = get_kernels("cuwide_lbfgs.cu", list(lbfgs_instantiations(X.indices.dtype,
-                                                                         X.dtype)))
+    lanes = lbfgs_row_lanes(X.nnz, n)
+    fwd, bwd = get_kernels("cuwide_lbfgs.cu", list(lbfgs_instantiations(
+        X.indices.dtype, X.dtype, lanes)))
     threads = 256
     cap = 32 * props()["multiProcessorCount"]
-    grid_f = (max(1, min(-(-n // (threads // 32)), cap)),)
+    grid_f = (max(1, min(-(-n // (threads // lanes)), cap)),)
     # pieces of at most LBFGS_PIECE nonzeros per feature (see the kernel)
     lens = cp.diff(Xt.indptr.astype(cp.int64))
     n_pieces_of = cp.maximum(1, -(-lens // LBFGS_PIECE))

@@ -93,16 +93,13 @@ def _dense_gw(state):
 # the in-order kernel's scratch
 # --------------------------------------------------------------------------
 class InOrderScratch:
-    """The device buffers of ``cuwide_train_in_order``, one allocation: the
-    per-sample sums of two sample blocks, the hot features' gradients and
-    touched flags (two sets), two intercept gradients and the grid
-    barrier's counters.  Zeroed before every launch: the kernel leaves the
-    last step's copies dirty."""
+    """The device buffers of ``cuwide_train_in_order``, one allocation
+    (:func:`sklearn_cuwide._backends._tiles.in_order_scratch_sizes`).
+    Zeroed before every launch: the kernel leaves the last step's copies
+    dirty."""
 
     def __init__(self, sample_block, n_hot, n_factors):
-        rs = _tiles.in_order_row_stride(n_factors)
-        hw = int(n_factors) + 1
-        sizes = (2 * int(sample_block) * rs, int(n_hot) * hw, 2 * int(n_hot), 2, 2)
+        sizes = _tiles.in_order_scratch_sizes(sample_block, n_hot, n_factors)
         self.buffer = cp.empty(sum(sizes), dtype=cp.float32)
         ends = np.cumsum(sizes)
         starts = ends - np.asarray(sizes)
