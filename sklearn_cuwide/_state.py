@@ -530,7 +530,7 @@ class FitProgress:
         span, compiled = now - self._mark, k - self._kernels
         self._mark, self._kernels = now, k
         text = f"{span:.3f} s"
-        if compiled > 0:
+        if compiled >= 0.0005:  # shown only where it rounds to a time
             text += f" (kernels {compiled:.3f} s)"
         return now, text
 

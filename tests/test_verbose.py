@@ -32,7 +32,8 @@ STAGE = re.compile(r"^Stage: (.+?) in (\d+\.\d{3}) s(?: \(kernels \d+\.\d{3} s\)
 EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d{3} s"
                    r"(?: \(kernels \d+\.\d{3} s\))?: loss [-\d.e+]+(?:, validation loss "
                    r"[-\d.e+]+)?, [\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
-ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s: loss [\d.]+, "
+ITERATIONS = re.compile(r"^Iterations? (\d+)(?:-(\d+))? in \d+\.\d{3} s"
+                        r"(?: \(kernels \d+\.\d{3} s\))?: loss [\d.]+, "
                         r"[\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
 FIT = re.compile(r"^Fit: \d+\.\d{3} s on (?:cpu|cuda:\d+), ([\d,]+) samples processed "
                  r"\(rows times passes over them\), [\d,]+ samples/s$")
