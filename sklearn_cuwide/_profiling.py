@@ -174,8 +174,12 @@ class _Probe:
     def __getattr__(self, name):
         return getattr(self._be, name)
 
-    def tile_shape(self, *args):
-        sb, n_hot = self._be.tile_shape(*args)
+    def tile_shape(self, params, n_outputs, n_factors, batch_size, workers=None):
+        # an ablation kernel keeps its tiles in shared memory whatever the
+        # workers: never the in-order kernel's whole-batch tiles
+        if self._variant in ("no_replicas", "global_accumulators"):
+            workers = None
+        sb, n_hot = self._be.tile_shape(params, n_outputs, n_factors, batch_size, workers)
         return (sb, 0) if self._variant == "no_hot_cache" else (sb, n_hot)
 
     def build_layout(self, X, **kw):

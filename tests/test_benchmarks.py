@@ -841,3 +841,26 @@ class _StandInPool:
 
     def free(self, n):
         self.used -= n
+
+
+@pytest.mark.parametrize("variant, in_order_tiles", [
+    ("flow", True), ("no_hot_cache", True), ("no_replicas", False),
+    ("global_accumulators", False)])
+def test_ablation_kernels_get_shared_memory_tiles(variant, in_order_tiles):
+    """The probe asks the backend for the fit's tiles, except for the
+    ablation kernels that keep theirs in shared memory: those never get the
+    in-order kernel's whole-batch tiles, even for one worker (the in-order
+    kernel does not run them)."""
+    from sklearn_cuwide._profiling import _Probe
+
+    asked = []
+
+    class Backend:
+        def tile_shape(self, params, n_outputs, n_factors, batch_size, workers=None):
+            asked.append(workers)
+            return 1024, 16384
+
+    probe = _Probe(Backend(), variant, None, 0.0)
+    sb, n_hot = probe.tile_shape("params", 1, 16, 1024, 1)
+    assert asked == [1 if in_order_tiles else None]
+    assert (sb, n_hot) == (1024, 0 if variant == "no_hot_cache" else 16384)
