@@ -151,21 +151,43 @@ class Ctx:
         return rec
 
     def mem_begin(self):
-        """cupy memory-pool bytes before a GPU run (None on the CPU)."""
+        """Start watching the cupy memory pool's bytes for a GPU run (None on
+        the CPU): the pool's size after each allocation from the device, so
+        the peak counts although a fit gives the pool's cached blocks back
+        between its phases (the allocations of this thread)."""
         if not self.gpu:
             return None
         import cupy as cp
+        from cupy.cuda import memory_hook
 
         pool = cp.get_default_memory_pool()
         pool.free_all_blocks()
-        return int(pool.total_bytes())
+        base = int(pool.total_bytes())
+
+        class PoolPeak(memory_hook.MemoryHook):
+            name = "benchmark_pool_peak"
+
+            def __init__(self):
+                self.peak = base
+
+            def alloc_postprocess(self, **kwargs):
+                self.peak = max(self.peak, int(pool.total_bytes()))
+
+        # a run that raised left its hook registered: replace it
+        memory_hook.get_memory_hooks().pop(PoolPeak.name, None)
+        hook = PoolPeak()
+        hook.__enter__()
+        return base, hook
 
     def mem_peak(self, token):
+        """The pool's peak bytes over those at :meth:`mem_begin`."""
         if token is None:
             return None
         import cupy as cp
 
-        return int(cp.get_default_memory_pool().total_bytes() - token)
+        base, hook = token
+        hook.__exit__(None, None, None)
+        return max(hook.peak, int(cp.get_default_memory_pool().total_bytes())) - base
 
 
 # --------------------------------------------------------------------------
