@@ -741,8 +741,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     it train on ``y`` as it is) fixes the standardisation; ``partial_fit``
     and a ``warm_start`` fit that continues the model keep it.  ``tol`` compares
     losses of the standardised target (a share of its variance), whatever
-    the units of ``y``, and ``verbose`` prints them; ``loss_curve_`` and
-    ``validation_score_`` are in the units of ``y``.
+    the units of ``y``; ``verbose`` prints the losses in the units of ``y``,
+    as ``loss_curve_`` and ``validation_score_`` give them.
 
     A fit that diverges (a loss or a parameter that is not finite) raises a
     ``ValueError`` saying what to do, and one whose loss ends far above a
@@ -868,6 +868,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             progress.stage("input checks")
             warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
             scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
+            progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
             targets = [_standardise(y, scaling)]
             multiplier, results = self._chosen_fit(X, targets, sw, None, warm, backend,
                                                    progress)
@@ -914,6 +915,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                        else _target_scaling(y, sw, fit_intercept=self.fit_intercept))
             warm = None if first else self._warm_states(
                 X.shape[1], 1, scaling=scaling, fresh_sums=not fixed and varied)
+            progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
             targets = [_standardise(y, scaling)]
             multiplier, _ = self._penalty_multiplier(X, targets, sw, None, warm, backend,
                                                      partial=True)

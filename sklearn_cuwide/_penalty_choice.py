@@ -130,7 +130,7 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
         losses.append(_held_out_loss(target[va], decision(Xv, state), sw[va], loss))
         if progress is not None:
             progress.note(f"Penalty multiplier {m:g}: held-out {_LOSS_WORDS[loss]} "
-                          f"{losses[-1]:.6f} (fit of {tr.size:,} rows in "
+                          f"{progress.loss(losses[-1]):.6f} (fit of {tr.size:,} rows in "
                           f"{time.perf_counter() - t0:.3f} s)")
     return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses
 
@@ -164,7 +164,8 @@ def choose_among_fits(fit, progress=None):
             best = (m, result, losses[-1], own)
         result = caught = own = None  # only the best fit's model stays
         if progress is not None:
-            progress.note(f"Penalty multiplier {m:g}: validation loss {losses[-1]:.6f} "
+            progress.note(f"Penalty multiplier {m:g}: validation loss "
+                          f"{progress.loss(losses[-1]):.6f} "
                           f"{kept} (fit in {time.perf_counter() - t0:.3f} s)")
     m, result, _, own = best
     for w in own:

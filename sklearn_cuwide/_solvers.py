@@ -388,7 +388,7 @@ def fit_minibatch(
             raise _diverged(f"the training loss of epoch {n_iter} is {ep_loss:.4g}",
                             params)
         loss_curve.append(ep_loss)
-        msg = f"loss {ep_loss:.6f}"
+        msg = f"loss {progress.loss(ep_loss):.6f}"
         if ooc is not None:
             msg += f", {ooc.n_windows:,} windows"
         if val is not None:
@@ -411,7 +411,7 @@ def fit_minibatch(
                     best_state = ModelState(**{k: a.copy() for k, a in now.arrays().items()})
                 else:
                     best_state = _copy_state(backend.xp, dstate)
-            msg += f", validation loss {vl:.6f}"
+            msg += f", validation loss {progress.loss(vl):.6f}"
         label = f"{log_prefix}epoch {n_iter}/{int(max_iter)}"
         progress.step(label[0].upper() + label[1:], msg, layout.n_rows)
         if tol is not None and (
@@ -421,8 +421,8 @@ def fit_minibatch(
     restored = best_state is not None and val_curve and val_curve[-1] > best_val
     if val_curve:
         progress.note(_early_stopping_summary(
-            log_prefix, val_curve, n_iter, max_iter, n_iter_no_change, tol,
-            kept_best=restore_best))
+            log_prefix, [progress.loss(v) for v in val_curve], n_iter, max_iter,
+            n_iter_no_change, tol, kept_best=restore_best))
     elif tol is not None and n_iter < int(max_iter):
         progress.note(training_loss_stop(log_prefix, n_iter, n_iter_no_change, tol))
     device_model = None

@@ -518,6 +518,15 @@ class FitProgress:
         #: L-BFGS iterations per printed line
         self.every = 1 if self.verbose >= 2 else self.ITERATIONS_PER_LINE
         self._pending = None  # iterations not printed yet: [first, last, detail]
+        #: what a printed loss is multiplied by: the regressor trains on a
+        #: standardised target and prints its losses in the units of y, as
+        #: ``loss_curve_`` and ``validation_score_`` give them
+        self.loss_unit = 1.0
+
+    def loss(self, value):
+        """A loss as the lines print it (in the units of the fitted
+        attributes: :attr:`loss_unit`)."""
+        return float(value) * self.loss_unit
 
     def elapsed(self):
         """Seconds since the fit started."""
@@ -611,6 +620,7 @@ class _PartProgress(FitProgress):
     def __init__(self, parent, prefix):
         super().__init__(parent.verbose if parent.verbose >= 2 else 0)
         self.parent, self.prefix = parent, prefix
+        self.loss_unit = parent.loss_unit
 
     def _print(self, line):
         if self.verbose:

@@ -148,6 +148,29 @@ def test_partial_fit_prints_one_epoch(name, binary, capsys):
     assert lines[-1] == ("fit", X.shape[0])
 
 
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_regressor_prints_its_losses_in_the_units_of_y(binary, capsys, early_stopping):
+    """The regressor trains on a standardised target; its lines print the
+    losses as ``loss_curve_`` and ``validation_score_`` give them, in the
+    units of ``y`` (a target 100 times larger prints losses 10,000 times
+    larger), the early-stopping summary's too."""
+    X, y = binary
+    y = np.asarray(y, dtype=float) * 100.0 + 3.0
+    est = MINIBATCH["fm-regressor"]().set_params(verbose=1, early_stopping=early_stopping)
+    est.fit(X, y)
+    out = capsys.readouterr().out
+    epochs = [ln for ln in out.splitlines() if ln.startswith("Epoch")]
+    printed = [float(re.search(r": loss ([\d.e+-]+)", ln).group(1)) for ln in epochs]
+    np.testing.assert_allclose(printed, est.loss_curve_, rtol=1e-5)
+    if early_stopping:
+        val = [float(re.search(r"validation loss ([\d.e+-]+)", ln).group(1)) for ln in epochs]
+        np.testing.assert_allclose(val, -np.asarray(est.validation_score_), rtol=1e-5)
+        kept = re.search(r"validation loss ([\d.]+), is kept", out).group(1)
+        best = est.best_iteration_
+        assert float(kept) == pytest.approx(-est.validation_score_[best - 1], rel=1e-5)
+    assert min(printed) > 10.0  # not the standardised target's share of its variance
+
+
 def test_epoch_lines_count_up_to_max_iter(binary, capsys):
     X, y = binary
     GPULogisticRegression(solver="adagrad", max_iter=4, tol=0.0, verbose=1,
