@@ -11,7 +11,6 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._backends import _cpu
-from ._backends._concurrency import asks_one_worker
 from ._base import (
     _SHARED_PARAMETER_CONSTRAINTS,
     _check_fit_data,
@@ -102,10 +101,8 @@ _FM_PARAMS_DOC = """
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
         Step size.  ``"auto"``: for ``"adagrad"``, from 10,000 rows on
-        the classifier's ``1 / m`` within [0.03, 0.1] when it trains in
-        order (the CPU, or ``concurrency`` ``"auto"`` or 1; concurrent
-        workers keep 0.03) and the regressor's 0.03, ``m`` the mean
-        nonzeros of a row; 0.03 in ``partial_fit``
+        the classifier's ``1 / m`` within [0.03, 0.1] and the regressor's
+        0.03, ``m`` the mean nonzeros of a row; 0.03 in ``partial_fit``
         (whose rows are a part of the data); below 10,000 rows, where an
         epoch takes few steps, 0.1, and for the regressor ``0.2 / m``
         within [0.03, 0.1] (the defaults study's choices,
@@ -271,12 +268,9 @@ class _BaseFM(_CuWideEstimator):
             # "auto" step: one pass over the values finds the stored zeros
             # for both
             auto_step = self.learning_rate == "auto"
-            # the CPU trains in order whatever the concurrency
-            in_order = backend.name == "cpu" or asks_one_worker(self.concurrency, "fm",
-                                                                self.solver)
             zeros = (stored_zero_rows(X, backend) if self.beta == "auto" or (
                 auto_step and step_reads_row_nonzeros(self.solver, "fm", self._loss, n_rows,
-                                                      partial, in_order)) else None)
+                                                      partial)) else None)
             mean_nnz = (rows_nnz(X, rows, backend, left_out, zeros) / max(n_train, 1)
                         if self.beta == "auto" else 1.0)
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
@@ -290,8 +284,7 @@ class _BaseFM(_CuWideEstimator):
                                                        model="fm", n_samples=n_rows,
                                                        partial=partial,
                                                        batch_size=self.batch_size,
-                                                       rows=rows, zeros=zeros,
-                                                       in_order=in_order)),
+                                                       rows=rows, zeros=zeros)),
                 l2_w=l2_w, l2_v=l2_v,
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=scaled,

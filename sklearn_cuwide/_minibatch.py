@@ -697,7 +697,7 @@ CLASSIFIER_STEP_NNZ = 1.0
 
 def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="linear",
                        n_samples=None, batch_size=None, rows=None, partial=False,
-                       row_nnz=None, zeros=None, in_order=True):
+                       row_nnz=None, zeros=None):
     """``learning_rate="auto"``: Adagrad's constant, or for sgd ``1 / L``
     with ``L`` a bound on the Lipschitz constant of a mini-batch's mean
     loss gradient (of the linear part for an FM; ``batch_size`` rows, None:
@@ -708,9 +708,7 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     EARLY_STOPPING_AUTO_MIN_SAMPLES rows (:data:`CLASSIFIER_STEP_NNZ`) and
     the regressor's (``loss="squared"``) below them
     (:data:`REGRESSOR_STEP_NNZ`) fall with the weighted mean nonzeros of a
-    training row (``row_nnz``, else :func:`mean_row_nonzeros` of ``X``),
-    the classifier's only where its mini-batches train in order
-    (``in_order``, :func:`step_reads_row_nonzeros`).
+    training row (``row_nnz``, else :func:`mean_row_nonzeros` of ``X``).
     ``rows``: the training rows of ``X`` (None: all; ``sw`` their
     weights); ``zeros``: :func:`stored_zero_rows` of ``X`` when the caller
     has it (one pass over the values for the step and the penalties)."""
@@ -719,7 +717,7 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
                                   backend=backend, batch_size=batch_size, rows=rows)
     n = X.shape[0] if n_samples is None else n_samples
     large = partial or n >= EARLY_STOPPING_AUTO_MIN_SAMPLES
-    if step_reads_row_nonzeros(solver, model, loss, n, partial, in_order):
+    if step_reads_row_nonzeros(solver, model, loss, n, partial):
         if row_nnz is None and X is not None:
             row_nnz = mean_row_nonzeros(X, rows, sw, backend, zeros)
         if row_nnz:
@@ -731,18 +729,16 @@ def auto_learning_rate(solver, X, sw, *, loss, fit_intercept, backend, model="li
     return ADAGRAD_AUTO_LEARNING_RATE
 
 
-def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False, in_order=True):
+def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False):
     """Whether Adagrad's ``"auto"`` step of a fit of ``n_samples`` rows
     depends on the rows' mean nonzeros (the FM regressor's below
     EARLY_STOPPING_AUTO_MIN_SAMPLES rows, :data:`REGRESSOR_STEP_NNZ`; the
-    FM classifier's from them on, :data:`CLASSIFIER_STEP_NNZ`, when its
-    mini-batches train in order (``in_order``); never a ``partial_fit``
-    call's).  The classifier's rule was chosen on in-order training;
-    concurrent workers keep the constant their study measured."""
+    FM classifier's from them on, :data:`CLASSIFIER_STEP_NNZ`; never a
+    ``partial_fit`` call's)."""
     if solver != "adagrad" or model != "fm" or partial:
         return False
     small = n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES
-    return small if loss == "squared" else (not small and bool(in_order))
+    return small if loss == "squared" else not small
 
 
 def mean_row_nonzeros(X, rows, sw, backend, zeros=None):

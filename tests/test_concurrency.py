@@ -36,19 +36,6 @@ def test_auto_blocks(model, solver, large, small):
     assert cc.blocks("auto", model, solver, 100, FULL) == small  # 100 // 16
 
 
-def test_asks_one_worker():
-    """Whether a concurrency setting trains in order whatever the data: the
-    FM's "auto" and 1 do; "max", ints above 1 and logistic regression's
-    Adagrad "auto" may not."""
-    assert cc.asks_one_worker("auto", "fm", "adagrad")
-    assert cc.asks_one_worker("auto", "fm", "sgd")
-    assert cc.asks_one_worker("auto", "linear", "sgd")
-    assert not cc.asks_one_worker("auto", "linear", "adagrad")
-    assert cc.asks_one_worker(1, "fm", "adagrad")
-    assert not cc.asks_one_worker(2, "fm", "adagrad")
-    assert not cc.asks_one_worker("max", "fm", "adagrad")
-
-
 def test_max_and_int():
     assert cc.blocks("max", "fm", "sgd", 10**6, FULL) == FULL
     assert cc.blocks("max", "fm", "adagrad", 100, FULL) == 6

@@ -418,38 +418,6 @@ def test_classifier_step_falls_with_the_rows_nonzeros(nnz, step, monkeypatch):
     assert steps == [pytest.approx(step), ADAGRAD_AUTO_LEARNING_RATE_FM]
 
 
-def test_classifier_step_falls_with_the_rows_nonzeros_only_in_order(monkeypatch):
-    """The classifier's ``1 / m`` step was chosen on in-order training: a
-    fit whose mini-batches may run on concurrent workers (a GPU's
-    ``concurrency="max"`` or an int above 1) keeps 0.03, the step the
-    concurrency study measured; the CPU trains in order whatever the
-    concurrency, so it takes ``1 / m``."""
-    from sklearn_cuwide._backends import get_backend
-    from sklearn_cuwide._minibatch import (
-        ADAGRAD_AUTO_LEARNING_RATE_FM,
-        auto_learning_rate,
-        step_reads_row_nonzeros,
-    )
-
-    X = sp.random(100, 50, density=0.1, format="csr", random_state=0)
-    kw = dict(fit_intercept=True, backend=get_backend("cpu"), model="fm", loss="logistic",
-              n_samples=20_000, row_nnz=10.0)
-    assert auto_learning_rate("adagrad", X, np.ones(100), **kw) == 0.1
-    assert auto_learning_rate("adagrad", X, np.ones(100), in_order=False,
-                              **kw) == ADAGRAD_AUTO_LEARNING_RATE_FM
-    assert step_reads_row_nonzeros("adagrad", "fm", "logistic", 20_000)
-    assert not step_reads_row_nonzeros("adagrad", "fm", "logistic", 20_000, in_order=False)
-    # the regressor's small-data rule does not depend on the order
-    assert step_reads_row_nonzeros("adagrad", "fm", "squared", 500, in_order=False)
-    rng = np.random.default_rng(0)
-    X = _rows_of(rng, 10)
-    y = rng.integers(0, 2, X.shape[0])
-    steps = _record_steps(monkeypatch)
-    GPUFactorizationMachine(n_factors=2, max_iter=1, random_state=0, device="cpu",
-                            early_stopping=False, concurrency="max").fit(X, y)
-    assert steps == [pytest.approx(0.1)]
-
-
 def test_the_step_and_the_penalty_share_one_pass_over_the_values(monkeypatch):
     """An FM classifier of 10,000 rows or more at its defaults reads the
     rows' nonzeros twice (its "auto" beta and its "auto" step): the stored

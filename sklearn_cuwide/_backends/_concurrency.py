@@ -45,15 +45,6 @@ def auto_blocks(model, solver):
     return AUTO_BLOCKS[model, solver]
 
 
-def asks_one_worker(concurrency, model, solver):
-    """Whether ``concurrency`` trains ``model`` with ``solver`` on one worker,
-    in order, whatever the data (``"auto"`` where :data:`AUTO_BLOCKS` says
-    1, or 1); ``"max"`` and larger ints may run several."""
-    if concurrency == "auto":
-        return auto_blocks(model, solver) == 1
-    return concurrency != "max" and int(concurrency) == 1
-
-
 def blocks(concurrency, model, solver, n_batches, full_grid):
     """Workers of an epoch for the estimators' ``concurrency``.
 

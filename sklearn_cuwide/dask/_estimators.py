@@ -20,7 +20,6 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from .. import _fm, _logistic
-from .._backends._concurrency import asks_one_worker
 from .._base import _HAS_CW_SAMPLE_WEIGHT, commit
 from .._logistic import _intercept_prior
 from .._minibatch import (
@@ -174,7 +173,7 @@ class _DaskWide(BaseEstimator):
         reads = self.learning_rate == "auto" and step_reads_row_nonzeros(
             self.solver, "fm" if hasattr(self, "n_factors") else "linear",
             "squared" if self._regressor else "logistic",
-            sum(s["n_rows"] for s in summaries), in_order=self._in_order(summaries))
+            sum(s["n_rows"] for s in summaries))
         shards, stats = self._with_targets(client, shards, workers, classes, cw,
                                            row_nonzeros=reads)
         if not stats["total_weight"] > 0:
@@ -198,12 +197,6 @@ class _DaskWide(BaseEstimator):
         total["max_weight"] = max(s["max_weight"] for s in stats)
         return new, total
 
-    def _in_order(self, summaries):
-        """Whether each worker trains its mini-batches in order (on the CPU,
-        or with a ``concurrency`` of one worker)."""
-        return summaries[0]["device"] == "cpu" or asks_one_worker(
-            self.concurrency, "fm" if hasattr(self, "n_factors") else "linear", self.solver)
-
     def _learning_rate(self, client, shards, workers, summaries, loss, seed, stats):
         """``learning_rate`` resolved: ``"auto"`` with sgd estimates ``1 / L``
         on at most 100,000 rows drawn from the partitions (all of them when
@@ -220,7 +213,7 @@ class _DaskWide(BaseEstimator):
             return auto_learning_rate(
                 self.solver, None, None, loss=loss, fit_intercept=self.fit_intercept,
                 backend=None, model="fm" if hasattr(self, "n_factors") else "linear",
-                n_samples=n, row_nnz=row_nnz, in_order=self._in_order(summaries))
+                n_samples=n, row_nnz=row_nnz)
         import scipy.sparse as sp
 
         take = rows if n <= _LR_SAMPLE_ROWS else np.floor(rows * _LR_SAMPLE_ROWS / n)
