@@ -17,6 +17,8 @@ modules mirror ``cuda/``:
 * :mod:`._loss` -- ``cuwide_loss.cu``: early stopping's validation loss;
 * :mod:`._validate` -- checks of cupy / cupyx input, on the device;
 * :mod:`._upload` -- the pinned double-buffered uploader of the layout;
+* :mod:`._warmup` -- CuPy's own kernels a fit runs, compiled ahead in
+  threads when it starts;
 * :mod:`._rows` -- ``cuwide_rows.cu``: the cold rows of a model wider than
   the device, gathered from and scattered to page-locked host memory;
 * :mod:`._ablation` -- the benchmarks' ablation, never used by the

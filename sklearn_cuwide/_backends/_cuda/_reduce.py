@@ -3,7 +3,7 @@
 Rule: ``all`` and ``any`` of an array of :data:`TWO_PASS_ITEMS` items or
 more reduce rows of it first (:data:`ROWS` of them, each by a thread block
 of its own), then those values.  Why: the fits run CuPy's reductions without
-CUB (``_runtime._plain_reductions``), and CuPy's own ``all`` / ``any`` of a
+CUB (``_runtime.plain_reductions``), and CuPy's own ``all`` / ``any`` of a
 large bool array to one value keeps few multiprocessors busy, a hundred
 times slower than rows first (its ``max``, ``min`` and ``sum`` are not: they
 stay one pass).  Smaller arrays keep the one pass: the kernel over rows is

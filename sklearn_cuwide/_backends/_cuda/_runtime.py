@@ -78,7 +78,7 @@ _NO_CUB_LOCK = threading.Lock()
 
 
 @contextmanager
-def _plain_reductions():
+def plain_reductions():
     """CuPy's reductions without its CUB accelerator while any fit or
     prediction runs (a count of the scopes open, in every thread; the
     setting is CuPy's, process-wide: the one before the first scope is
@@ -127,9 +127,9 @@ def device_scope(device):
     the estimator method takes once its own frame, which still holds arrays
     here, has ended (:func:`sklearn_cuwide._base.releases_memory`): the fit's
     device memory is free again when the caller sees the error.  CuPy's
-    reductions run without CUB inside (:func:`_plain_reductions`).
+    reductions run without CUB inside (:func:`plain_reductions`).
     """
-    with cp.cuda.Device(device_index(device)), _plain_reductions():
+    with cp.cuda.Device(device_index(device)), plain_reductions():
         try:
             yield
         except BaseException as exc:

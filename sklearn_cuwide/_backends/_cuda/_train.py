@@ -16,6 +16,7 @@ from ... import _kernels
 from ..._kernels import VARIANTS
 from .. import _concurrency, _tiles
 from ._runtime import NULL, cluster_for, cluster_sizes, default_grid, full_grid
+from ._warmup import warm_up
 
 #: the training kernels' source
 SOURCE = "cuwide_train.cu"
@@ -144,6 +145,8 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
     ``X`` reaches first: the layout build's module (for ``X``'s dtypes and
     the layout's ``dtype``) and the first epoch's training kernels (a
     resident layout of ``n_batches``, ``workers`` and the warm-up ``ramp``).
+    CuPy's own kernels that the fit runs are started too
+    (:func:`._warmup.warm_up`).
     Rule: what a fit compiles is started before the work that needs it.
     Why: NVRTC releases the GIL, so the compilations overlap the upload, the
     layout build and CuPy's own compilations instead of following them."""
@@ -151,6 +154,8 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
             and X.indices.dtype in (np.int32, np.int64):
         _kernels.prefetch((_kernels.get_module_kernels, "cuwide_build.cu", list(
             _kernels.build_instantiations(X.indices.dtype, X.dtype, np.dtype(dtype)).values())))
+        warm_up(X.dtype, X.indices.dtype, dtype, n_outputs, n_factors,
+                params.solver == "adagrad", params.penalty_scaled)
     names = _kernels.epoch_instantiations(
         params.model, n_outputs, n_factors, params.solver, params.loss,
         chunk_batches=[int(n_batches)], grid=int(workers), ramp=ramp, slots=full_grid(),

@@ -1,0 +1,114 @@
+"""CuPy's own kernels that a mini-batch fit runs, compiled ahead.
+
+A process compiles each CuPy elementwise, scan or reduction signature the
+first time it runs one (NVRTC, then CuPy's on-disk cache for later
+processes). A cold mini-batch fit reaches about sixteen of them one after
+another on its own thread, around 0.1 s each on the H200: the copies, the
+gathers into the layout's order, the held-out rows' matrix, the best
+epoch's copy of the state, the finiteness check (:doc:`/design/startup`).
+
+Rule: when a fit starts, :func:`warm_up` runs those signatures once on
+arrays of a few items, each in a thread of its own, so that they compile
+together and beside the fit's host work instead of in turn inside it.
+Why: NVRTC releases the GIL. A signature this list misses (other dtypes,
+solvers or paths) still compiles where the fit reaches it, as before; one
+the fit reaches while its warm-up is still compiling it is compiled twice,
+no slower than before. Each operation is the expression of the fit's code
+named beside it, on tiny inputs of the fit's dtypes and ranks; a GPU test
+checks that a cold fit compiles none of CuPy's kernels on its own thread
+once its warm-up is done (``test_kernel_instantiation``).
+"""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import cupy as cp
+import numpy as np
+
+from . import _reduce, _runtime
+
+_DONE = set()  # (device, signature) warmed up in this process
+_DONE_LOCK = threading.Lock()
+
+
+def _ops(value, index, layout, n_outputs, n_factors, adagrad, packed):
+    """The warm-up's operations, each a call without arguments that
+    compiles one or two signatures (those the fit reaches first, first)."""
+    f32, f64, i64 = cp.float32, cp.float64, cp.int64
+    n, D, k = 8, int(n_outputs), int(n_factors)
+
+    def rows():  # a state's rows in the user's feature order (feature_rank, uploaded)
+        return cp.asarray(np.arange(n, dtype=np.int64))
+
+    def sums():  # Adagrad's sums as _train.pack_penalty leaves them: a strided view
+        return cp.zeros((n, D + 1), f32)[:, :D] if packed and adagrad else cp.zeros((n, D), f32)
+
+    def pack():  # _train.pack_penalty
+        base = cp.zeros((n, D + 1), f32)
+        base[:, :D] = cp.zeros((n, D), f32)
+        base[:, D] = cp.zeros(n, f32)
+
+    ops = [
+        lambda: cp.cumsum(cp.zeros(3, i64)),  # _build._row_places
+        # the held-out rows' matrix (_runtime.csr_of_arrays) and its columns
+        # renamed (_runtime.csr_in_layout_order)
+        lambda: cp.zeros(2, i64).astype(index),
+        lambda: _runtime.csr_of_arrays(cp.zeros(2, index), cp.zeros(1, index),
+                                       cp.zeros(1, value), (1, 1)),
+        lambda: cp.zeros(4, index)[cp.zeros(2, index)],
+        # the targets and weights in the layout's order (_solvers.fit_minibatch)
+        lambda: cp.zeros(4, layout)[cp.zeros(2, i64)],
+        lambda: cp.zeros(4, f64)[cp.zeros(2, i64)],
+        lambda: cp.concatenate((cp.zeros(2, f64), cp.zeros(1, f64))),  # batch_weights
+        lambda: cp.zeros(2, f64).astype(layout),
+        lambda: cp.zeros(2, f32).astype(f64),  # _predict.decision_function's output
+        # the state: packed, copied at the best epoch (_solvers._copy_state),
+        # taken back to the user's order (ModelState.take_features), checked
+        # (_reduce.all_finite)
+        pack,
+        lambda: cp.array(sums(), copy=True),
+        lambda: cp.array(cp.zeros((n, D), f32), copy=True),
+        lambda: cp.ascontiguousarray(cp.zeros((n, D), f32)[rows()]),
+        lambda: cp.ascontiguousarray(sums()[rows()]),
+        lambda: cp.isfinite(cp.zeros((n, D), f32)),
+        lambda: _reduce.reduce_all(cp, cp.zeros(n, dtype=bool), "all"),
+    ]
+    if k:
+        ops.append(lambda: cp.ascontiguousarray(cp.zeros((n, k), f32)[rows()]))
+    return ops
+
+
+def warm_up(value, index, layout, n_outputs, n_factors, adagrad, packed):
+    """Start compiling, in background threads on the current device, the
+    CuPy kernels a mini-batch fit runs: ``value`` / ``index`` the dtypes
+    of the CSR's values and column indices on the device, ``layout`` the
+    layout's value dtype, ``n_outputs`` / ``n_factors`` the model's shape,
+    ``adagrad`` whether it keeps Adagrad's sums, ``packed`` whether they
+    are packed with the penalty factors (penalties scaled). Returns at
+    once: the warm-up's thread (None where this process warmed the
+    signature up on this device already)."""
+    dev = cp.cuda.runtime.getDevice()
+    sig = tuple(np.dtype(d).str for d in (value, index, layout)) + (
+        int(n_outputs), int(n_factors), bool(adagrad), bool(packed))
+    with _DONE_LOCK:
+        if (dev, sig) in _DONE:
+            return None
+        _DONE.add((dev, sig))
+    ops = _ops(np.dtype(value), np.dtype(index), np.dtype(layout), n_outputs, n_factors,
+               adagrad, packed)
+
+    def one(op):
+        # the fit's reductions run without CUB: so are these compiled
+        with cp.cuda.Device(dev), _runtime.plain_reductions():
+            try:
+                op()
+            except Exception:  # noqa: BLE001 - the fit compiles it where it runs it
+                pass
+
+    def run():
+        with ThreadPoolExecutor(len(ops), thread_name_prefix="cuwide-warmup") as pool:
+            list(pool.map(one, ops))
+
+    thread = threading.Thread(target=run, name="cuwide-warmup", daemon=True)
+    thread.start()
+    return thread
