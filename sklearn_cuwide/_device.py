@@ -1,15 +1,17 @@
 """Resolving the ``device`` parameter (``"auto"``, ``"cpu"``, ``"cuda"``,
 ``"cuda:N"``) into the device a fit runs on.
 
-cupy is imported here only to ask whether a usable GPU exists; nothing is
-compiled and no kernel is loaded.
+cupy is imported here only to ask whether a usable GPU exists and to start
+a device's context; nothing is compiled and no kernel is loaded.
 """
 
 import functools
+import os
 import re
+import threading
 
 __all__ = ["resolve_device", "cuda_device_count", "usable_devices", "is_cupy_array",
-           "VALID_DEVICES"]
+           "start_context", "VALID_DEVICES"]
 
 VALID_DEVICES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 _CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
@@ -51,6 +53,47 @@ def _usable_devices():
 def cuda_device_count():
     """Number of usable CUDA devices (0 when cupy or a driver is missing)."""
     return len(usable_devices())
+
+
+def start_context(index):
+    """Start creating CUDA device ``index``'s primary context on a thread of
+    its own, once per process and device; return that thread.
+
+    Rule: a fit or prediction calls it as soon as it knows its GPU, before
+    it imports the CUDA backend.  Why: the context takes a tenth of a second
+    or more to create, and ``cudaFree(0)`` creates it without the GIL, so it
+    overlaps the backend's imports, which the first fit of a process waits
+    for anyway (docs/design/startup.rst).  Selecting a device other than 0
+    creates the context under the GIL (CuPy's ``setDevice``): nothing is
+    gained there, and nothing lost.
+    """
+    return _context_thread(int(index))
+
+
+@functools.lru_cache(maxsize=None)
+def _context_thread(index):
+    def create():
+        try:
+            from cupy.cuda import runtime
+
+            if index != 0:  # a new thread's current device is 0
+                runtime.setDevice(index)
+            runtime.free(0)  # creates the primary context, the GIL released
+        except Exception:  # the fit's own first CUDA call reports it
+            pass
+
+    thread = threading.Thread(target=create, name=f"cuwide-context-{index}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _forget_context_threads_in_child():
+    # a forked child has no CUDA context: it starts its own when it needs one
+    _context_thread.cache_clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_context_threads_in_child)
 
 
 def _device_of(X):

@@ -2,7 +2,10 @@
 (non-canonical CSR, int64 indices) is handled; the user's arrays are never
 modified."""
 
+import os
 import re
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -762,6 +765,106 @@ def test_device_auto_picks_the_gpu_a_cupy_input_lives_on(monkeypatch, request):
         assert _device.resolve_device("auto", ndarray(i)) == f"cuda:{i}"
         assert _device.resolve_device("auto", csr_matrix(i)) == f"cuda:{i}"
     assert _device.resolve_device("auto", np.zeros(3)) == "cuda:0"
+
+
+class _ContextRuntime(_Runtime):
+    """:class:`_Runtime` that records the calls that create a context, and
+    the thread of each."""
+
+    def __init__(self, ccs):
+        super().__init__(ccs)
+        self.calls = []
+
+    def setDevice(self, i):
+        self.calls.append(("setDevice", i, threading.current_thread().name))
+
+    def free(self, ptr):
+        self.calls.append(("free", ptr, threading.current_thread().name))
+
+
+def test_start_context_creates_each_devices_context_once_off_the_callers_thread(
+        monkeypatch, request):
+    """``start_context`` creates a device's context on a thread of its own
+    (``cudaFree(0)``, after selecting the device where it is not 0), once
+    per process and device; a fit on a GPU starts it before it imports the
+    CUDA backend, and a fit on the CPU starts none."""
+    import sys
+    import types
+
+    from sklearn_cuwide import _base, _device
+
+    runtime = _ContextRuntime([90, 90])
+    cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    for forget in (_device._usable_devices.cache_clear, _device._context_thread.cache_clear):
+        forget()
+        request.addfinalizer(forget)
+    _device.start_context(0).join()
+    assert runtime.calls == [("free", 0, "cuwide-context-0")]
+    _device.start_context(1).join()
+    assert runtime.calls[1:] == [("setDevice", 1, "cuwide-context-1"),
+                                 ("free", 0, "cuwide-context-1")]
+    assert _device.start_context(1) is _device.start_context(1)
+    assert len(runtime.calls) == 3  # once per device
+
+    _device._context_thread.cache_clear()
+    runtime.calls.clear()
+    seen = []
+
+    def get_backend(device):
+        seen.append((device, [c[:2] for c in runtime.calls]))
+        raise ImportError("stop here")
+
+    monkeypatch.setattr(_base, "get_backend", get_backend)
+    with pytest.raises(ImportError, match="stop here"):
+        _base._fit_device("cuda:1", None)
+    _device.start_context(1).join()
+    assert seen[0][0] == "cuda:1" and runtime.calls[-1][:2] == ("free", 0)
+    runtime.calls.clear()
+    with pytest.raises(ImportError, match="stop here"):
+        _base._fit_device("cpu", None)
+    assert seen[-1] == ("cpu", []) and runtime.calls == []
+
+
+_PRIMARY_CONTEXT_CHILD = r"""
+import ctypes, json
+from cupy.cuda import runtime
+from sklearn_cuwide import _device
+
+runtime.getDeviceCount()  # the driver started, no context yet
+cuda = ctypes.CDLL("libcuda.so.1")
+
+def active():
+    flags, on, dev = ctypes.c_uint(), ctypes.c_int(), ctypes.c_int()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(on)) == 0
+    return on.value
+
+before = active()
+_device.start_context(0).join()
+print(json.dumps({"before": before, "after": active()}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_start_context_creates_the_primary_context():
+    """On a GPU, in a fresh process whose driver has started and created no
+    context, ``start_context(0)`` leaves device 0's primary context active
+    (the driver's own record of it)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from sklearn_cuwide._device import cuda_device_count
+
+    if cuda_device_count() == 0:
+        pytest.skip("needs a CUDA GPU")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", _PRIMARY_CONTEXT_CHILD], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": 0, "after": 1}
 
 
 def test_host_passes_in_pieces_equal_one_pass(monkeypatch):
