@@ -8,7 +8,7 @@ tiny sizes, seconds (what ``tests/test_benchmarks.py`` runs).
 PARTS = ("floors", "startup", "systems", "real", "ablation", "scaling")
 #: groups of systems ``--skip`` can leave out
 SKIPPABLE = ("kernel", "estimators", "defaults", "lbfgs", "sgd", "sklearn", "torch",
-             "cusparse", "classic", "regression", "plots")
+             "cusparse", "classic", "regression", "plots", "cupy")
 
 # the settings every system shares (the peers get the same ones)
 BATCH = 1024
@@ -67,7 +67,7 @@ STARTUP_MODELS = {"gpu": ("lr", "fm16"), "cpu": ("lr", "fm16"), "smoke": ("lr",)
 CONFIGS = {
     "gpu": dict(
         systems_data=[(4_000_000, 22)],
-        test_rows=400_000,
+        test_rows=PREDICT_ROWS,
         n_factors=16,
         epochs=3,
         sk_rows=250_000,  # LogisticRegression (and our lbfgs beside it), Ridge

@@ -767,6 +767,58 @@ def test_ours_fit_reports_the_first_fit_and_the_median_of_the_repeats(monkeypatc
     assert cpu["fit_repeats"] == 1 and cpu["fit_first_s"] == cpu["fit_s"]
 
 
+def test_ours_fit_from_device_input_fits_the_converted_matrix(monkeypatch):
+    """``on_device``: the warm-up, the timed fits and the verbose fit all get
+    the matrix and targets as ``_on_device`` made them (a stand-in that
+    records what it converted, on the CPU), and the prediction is not timed
+    again; the host fit keeps the user's matrix and times it."""
+    import types
+
+    import scipy.sparse as sp
+
+    from benchmarks import systems
+    from benchmarks.data import Data
+    from sklearn_cuwide import GPULogisticRegression
+
+    rng = np.random.default_rng(0)
+    X = sp.random(300, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    y = rng.integers(0, 2, 300)
+    d = Data("k", "binary", X, y, X[:50], y[:50])
+    converted, fitted = [], []
+
+    class Marked(types.SimpleNamespace):
+        pass
+
+    def on_device(X, y):
+        converted.append(X.shape[0])
+        return Marked(X=X), y
+
+    class Fits(GPULogisticRegression):
+        def fit(self, X, y):
+            fitted.append(isinstance(X, Marked))
+            return super().fit(X.X if isinstance(X, Marked) else X, y)
+
+    class Ctx(systems.Ctx):
+        def sync(self):
+            pass
+
+        def mem_begin(self):
+            return None
+
+    monkeypatch.setattr(systems, "_on_device", on_device)
+    monkeypatch.setattr(systems, "WARM_ROWS", 100)
+    ctx = Ctx(True, {"budget_s": 1e9})
+    rec = systems.ours_fit(ctx, d, lambda: Fits(solver="adagrad", max_iter=2, device="cpu"),
+                           on_device=True)
+    assert converted == [300, 100]  # the training rows, then the warm-up's
+    assert fitted == [True] * (2 + systems.FIT_REPEATS)  # warm-up, timed, verbose
+    assert "predict_s" not in rec and 0.5 <= rec["test_auc"] <= 1.0
+    assert ("fit", repr(Fits(solver="adagrad", max_iter=2, device="cpu")), "cupyx") in ctx.warmed
+    converted.clear(), fitted.clear()
+    host = systems.ours_fit(ctx, d, lambda: Fits(solver="adagrad", max_iter=2, device="cpu"))
+    assert converted == [] and not any(fitted) and host["predict_rows"] == 50
+
+
 def test_out_of_core_harness_smoke(tmp_path):
     """The out-of-core harness end to end on a few thousand rows (the CPU
     without a GPU: the limits do not apply there, the plumbing does), and
