@@ -507,6 +507,32 @@ def restore_on_failure(est):
         _FIT.stack = outer
 
 
+def warm_start_mismatch(fitted, given):
+    """The ``ValueError`` of a ``warm_start=True`` fit whose data or
+    parameters do not match the fitted model (``fitted`` and ``given``:
+    :func:`model_words` of each).
+
+    Rule: refuse, as scikit-learn's ``LogisticRegression`` and
+    ``SGDClassifier`` do.  Why: a fit asked to continue a model that
+    silently starts a new one trains from scratch where the user counted on
+    the earlier epochs."""
+    return ValueError(
+        f"warm_start=True continues the fitted model ({fitted}), but this fit has "
+        f"{given}. Set warm_start=False to fit a new model."
+    )
+
+
+def model_words(n_features, classes=None, n_factors=None):
+    """A model's shape in words for :func:`warm_start_mismatch`."""
+    words = [f"{n_features} features"]
+    if n_factors is not None:
+        words.append(f"{n_factors} factors")
+    if classes is not None:
+        shown = ", ".join(repr(c.item() if hasattr(c, "item") else c) for c in classes[:10])
+        words.append(f"classes [{shown}{', ...' if len(classes) > 10 else ''}]")
+    return ", ".join(words)
+
+
 def commit(est, fitted):
     """Set a fit's attributes (a dict) on the estimator, all at once."""
     for name, value in fitted.items():

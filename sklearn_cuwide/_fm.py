@@ -21,9 +21,11 @@ from ._base import (
     _WideClassifierMixin,
     check_weight_range,
     commit,
+    model_words,
     refuse_balanced_partial_fit,
     releases_memory,
     restore_on_failure,
+    warm_start_mismatch,
 )
 from ._minibatch import (
     COMPUTE_DTYPE,
@@ -131,8 +133,9 @@ _FM_PARAMS_DOC = """
     shuffle : bool, default=True
         Shuffle the rows once and the order of the mini-batches every epoch.
     warm_start : bool, default=False
-        Start from the previous fit's model (and Adagrad's accumulators)
-        when the shapes match.
+        Start from the previous fit's model (and Adagrad's accumulators).
+        Data of other features (or classes), or another ``n_factors``, raise
+        a ``ValueError``, as scikit-learn's warm starts do.
     random_state : int, RandomState instance or None, default=None
         Seeds the factors' initialisation, the shuffling and the validation
         split.
@@ -235,6 +238,25 @@ class _BaseFM(_CuWideEstimator):
             if st.gw is not None:
                 st.gV = np.zeros_like(st.V)
             states.append(restore_accumulators(st, acc))
+        return states
+
+    def _continued_states(self, n_features, n_heads, classes=None):
+        """A ``fit``'s starting states under ``warm_start``: None without it
+        or before a first fit, else the fitted model's (:meth:`_warm_states`)
+        when the data and parameters match it (features, models, factors, a
+        classifier's ``classes``); otherwise
+        :func:`~sklearn_cuwide._base.warm_start_mismatch` is raised."""
+        if not self.warm_start or not hasattr(self, "coef_"):
+            return None
+        states = None
+        if classes is None or np.array_equal(self.classes_, classes):
+            states = self._warm_states(n_features, n_heads)
+        if states is None:
+            w, _, V = self._heads()[0]  # n_features_in_ is already this fit's
+            raise warm_start_mismatch(
+                model_words(w.shape[0], None if classes is None else self.classes_,
+                            V.shape[1]),
+                model_words(n_features, classes, self.n_factors))
         return states
 
     def _intercept_init(self, t, sw):  # pragma: no cover - abstract
@@ -624,13 +646,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             sw = self._weights(classes, y, sw)
             progress.stage("input checks")
             n_heads = 1 if classes.size == 2 else classes.size
-            warm = None
-            if (
-                self.warm_start
-                and hasattr(self, "classes_")
-                and np.array_equal(self.classes_, classes)
-            ):
-                warm = self._warm_states(X.shape[1], n_heads)
+            warm = self._continued_states(X.shape[1], n_heads, classes)
             targets = self._targets(y_idx, classes)
             multiplier, results = self._chosen_fit(X, targets, sw, y_idx, warm, backend,
                                                    progress)
@@ -859,7 +875,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                                        y_numeric=True, backend=backend)
             check_weight_range(sw)
             progress.stage("input checks")
-            warm = self._warm_states(X.shape[1], 1) if self.warm_start else None
+            warm = self._continued_states(X.shape[1], 1)
             scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
             progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
             targets = [_standardise(y, scaling)]

@@ -20,9 +20,11 @@ from ._base import (
     _WideClassifierMixin,
     commit,
     dense_enough,
+    model_words,
     refuse_balanced_partial_fit,
     releases_memory,
     restore_on_failure,
+    warm_start_mismatch,
 )
 from ._minibatch import (
     COMPUTE_DTYPE,
@@ -151,7 +153,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         model, with a ``ConvergenceWarning``).
     warm_start : bool, default=False
         Start from the previous fit's coefficients (and Adagrad's
-        accumulators) when their shapes match.
+        accumulators). Data of other features or classes raise a
+        ``ValueError``, as scikit-learn's warm starts do.
     random_state : int, RandomState instance or None, default=None
         Seeds the row shuffling, the epoch order and the validation split of
         the mini-batch solvers (``"lbfgs"`` is deterministic).
@@ -499,14 +502,21 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         return self
 
     def _warm_arrays(self, n_features, classes, force=False):
-        """``(coef, intercept, accumulators)`` to start from, or None."""
+        """``(coef, intercept, accumulators)`` to start from, or None: with
+        ``warm_start`` (or ``force``, ``partial_fit``'s, whose data were
+        checked against the model) and a fitted model.  A ``warm_start`` fit
+        whose features or classes differ from the model's raises
+        (:func:`~sklearn_cuwide._base.warm_start_mismatch`)."""
         if not (self.warm_start or force) or not hasattr(self, "coef_"):
             return None
         n_out = 1 if classes.size == 2 else classes.size
         if self.coef_.shape != (n_out, n_features) or not np.array_equal(
             self.classes_, classes
         ):
-            return None
+            if force:
+                return None
+            raise warm_start_mismatch(model_words(self.coef_.shape[1], self.classes_),
+                                      model_words(n_features, classes))
         return self.coef_, self.intercept_, getattr(self, "_optimizer_state", None)
 
     def _lbfgs_attrs(self, X, y_idx, sw, C, backend, warm, classes, progress):

@@ -314,6 +314,43 @@ def test_interrupted_refit_keeps_the_previous_model(binary, multiclass, monkeypa
     assert_array_equal(est.predict(X), _make(name).fit(X, y).predict(X))
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_warm_start_on_data_of_another_shape_raises_and_keeps_the_model(binary, multiclass,
+                                                                         name):
+    """``warm_start=True`` on data of other features, other classes, or
+    (factorization machines) another ``n_factors`` raises a ValueError that
+    names both shapes, as scikit-learn's LogisticRegression and
+    SGDClassifier refuse such a warm start, and leaves the fitted model as
+    it was; data of the model's shape continue it."""
+    X, y = binary
+    est = _make(name).fit(X, y)
+    before, P = _snapshot(est), _predict(est, X)
+    est.set_params(warm_start=True)
+    n = X.shape[1]
+    factors = ", 3 factors" if name.startswith("fm") else ""
+    classes = ", classes [0, 1]" if name != "fm-regressor" else ""
+    fewer = re.escape(f"continues the fitted model ({n} features{factors}{classes}), "
+                      f"but this fit has {n - 1} features{factors}")
+    with pytest.raises(ValueError, match=fewer + ".*Set warm_start=False"):
+        est.fit(X[:, :-1], y)
+    _assert_same_state(est, before)
+    if name != "fm-regressor":
+        Xm, ym = multiclass
+        assert Xm.shape[1] == n and set(np.unique(ym)) == {0, 1, 2}
+        with pytest.raises(ValueError, match=re.escape(f"has {n} features{factors}, "
+                                                       "classes [0, 1, 2]")):
+            est.fit(Xm, ym)
+        _assert_same_state(est, before)
+    if name.startswith("fm"):
+        with pytest.raises(ValueError, match=re.escape(f"has {n} features, 4 factors")):
+            est.set_params(n_factors=4).fit(X, y)
+        _assert_same_state(est, before)
+        est.set_params(n_factors=3)
+    assert_array_equal(_predict(est, X), P)
+    est.fit(X, y)  # the model's own shape: continued
+    assert est.n_features_in_ == n
+
+
 @pytest.mark.parametrize("name", MINIBATCH)
 def test_interrupted_partial_fit_keeps_the_previous_model(binary, monkeypatch, name):
     X, y = binary
