@@ -322,8 +322,6 @@ def _fit_device(device, X):
     becomes the calling thread's current device (``use_device``).
     """
     device_ = _device.resolve_device(device, X)
-    if device_.startswith("cuda:"):  # created while the backend is imported
-        _device.start_context(int(device_.split(":")[1]))
     backend = get_backend(device_)
     stack = getattr(_FIT, "stack", None)
     if stack is not None:
@@ -339,7 +337,6 @@ def _predict_backend(device_):
     if isinstance(device_, str) and device_.startswith("cuda"):
         idx = int(device_.split(":")[1]) if ":" in device_ else 0
         if idx in _device.usable_devices():
-            _device.start_context(idx)  # created while the backend is imported
             try:
                 return get_backend(device_)
             except ImportError:

@@ -59,8 +59,8 @@ def start_context(index):
     """Start creating CUDA device ``index``'s primary context on a thread of
     its own, once per process and device; return that thread.
 
-    Rule: a fit or prediction calls it as soon as it knows its GPU, before
-    it imports the CUDA backend.  Why: the context takes a tenth of a second
+    Rule: ``_backends.get_backend`` calls it before it imports the CUDA
+    backend, so every fit and prediction on a GPU does.  Why: the context takes a tenth of a second
     or more to create, and ``cudaFree(0)`` creates it without the GIL, so it
     overlaps the backend's imports, which the first fit of a process waits
     for anyway (docs/design/startup.rst).  Selecting a device other than 0

@@ -787,7 +787,7 @@ def test_start_context_creates_each_devices_context_once_off_the_callers_thread(
     """``start_context`` creates a device's context on a thread of its own
     (``cudaFree(0)``, after selecting the device where it is not 0), once
     per process and device; a fit on a GPU starts it before it imports the
-    CUDA backend, and a fit on the CPU starts none."""
+    CUDA backend (``get_backend``), and a fit on the CPU starts none."""
     import sys
     import types
 
@@ -811,20 +811,26 @@ def test_start_context_creates_each_devices_context_once_off_the_callers_thread(
     _device._context_thread.cache_clear()
     runtime.calls.clear()
     seen = []
+    name = "sklearn_cuwide._backends._cuda"
 
-    def get_backend(device):
-        seen.append((device, [c[:2] for c in runtime.calls]))
-        raise ImportError("stop here")
+    class CudaBackendImport:  # records the CUDA backend's import, then stops it
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == name:
+                seen.append(fullname)
+                raise ImportError("stop here")
+            return None
 
-    monkeypatch.setattr(_base, "get_backend", get_backend)
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr("sklearn_cuwide._backends._cuda", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [CudaBackendImport(), *sys.meta_path])
     with pytest.raises(ImportError, match="stop here"):
         _base._fit_device("cuda:1", None)
+    assert _device._context_thread.cache_info().currsize == 1  # started by the fit
     _device.start_context(1).join()
-    assert seen[0][0] == "cuda:1" and runtime.calls[-1][:2] == ("free", 0)
+    assert seen == [name] and runtime.calls[-1][:2] == ("free", 0)
     runtime.calls.clear()
-    with pytest.raises(ImportError, match="stop here"):
-        _base._fit_device("cpu", None)
-    assert seen[-1] == ("cpu", []) and runtime.calls == []
+    _base._fit_device("cpu", None)
+    assert seen == [name] and runtime.calls == []
 
 
 _PRIMARY_CONTEXT_CHILD = r"""

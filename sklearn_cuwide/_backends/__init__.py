@@ -191,7 +191,12 @@ def get_backend(device):
 
         return _cpu
     if device.startswith("cuda"):
-        # the device is chosen per fit and thread by ``device_scope``, not here
+        # its context is created while the backend is imported (the first
+        # time; _device.start_context); the device is chosen per fit and
+        # thread by ``device_scope``, not here
+        from .. import _device
+
+        _device.start_context(int(device.partition(":")[2] or 0))
         from . import _cuda
 
         return _cuda
