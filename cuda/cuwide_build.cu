@@ -7,6 +7,8 @@
 // * cuwide_rank_keys / cuwide_rank_order: the frequency ranking, a sort of the
 //   unique keys (top - count) * n + feature between the two; the second also
 //   finds how many features reach the hot threshold (the ranked counts fall).
+// * cuwide_keyed_permutation: the layout's row order (a keyed bijection with
+//   cycle walking: the rows of a shuffled fit's layout), each position alone.
 // * cuwide_batch_nnz: the input nonzeros of each mini-batch, rows in layout
 //   order.
 // * cuwide_chunk_keys: a chunk's rows gathered in layout order, each nonzero
@@ -71,6 +73,31 @@ __global__ void cuwide_rank_order(const long long* __restrict__ sorted_keys, lon
     const bool hot = (double)(top - k / n) >= hot_min;
     if (hot && (i + 1 == n || (double)(top - sorted_keys[i + 1] / n) < hot_min))
       n_hot[0] = i + 1;
+  }
+}
+
+// out[i] for i < count: position i of the keyed permutation of [0, n)
+// (sklearn_cuwide/_layout.py, keyed_permutation): each of the n_rounds rounds
+// xors keys[2r], multiplies by the odd keys[2r + 1] and xor-shifts right, all
+// modulo mask + 1 (a bijection of [0, mask + 1)); a value n or more goes
+// through the rounds again (cycle walking: the values left are a permutation).
+__global__ void cuwide_keyed_permutation(long long n, long long count,
+                                         const unsigned long long* __restrict__ keys,
+                                         int n_rounds, unsigned long long mask, int shift,
+                                         long long* __restrict__ out) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    unsigned long long x = (unsigned long long)i;
+    do {
+      for (int r = 0; r < n_rounds; ++r) {
+        x ^= keys[2 * r];
+        x *= keys[2 * r + 1];
+        x &= mask;
+        x ^= x >> shift;
+      }
+    } while (x >= (unsigned long long)n);
+    out[i] = (long long)x;
   }
 }
 

@@ -161,7 +161,8 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
             ensure_non_negative=True,
         )
         sw = np.array(sw, dtype=np.float64)  # our own copy, whatever was passed
-    if not sw.sum() > 0:
+    # ones (no sample_weight, some rows) sum to the rows: nothing to check
+    if (sample_weight is not None or not X.shape[0]) and not sw.sum() > 0:
         raise ValueError(
             "The sum of sample_weight must be positive; got all-zero weights."
         )
@@ -780,8 +781,12 @@ class _WideClassifierMixin:
     probabilities from the per-class scores of a multiclass model.
     """
 
-    def _weights(self, classes, y, sw):
-        """The sample weights times the class weights, checked."""
+    def _weights(self, classes, y, sw, sample_weight=None):
+        """The sample weights times the class weights, checked; ``sw`` as
+        it is when neither was given (``sample_weight``: the user's
+        argument): ones, in range, summing to the rows."""
+        if sample_weight is None and self.class_weight is None:
+            return sw
         sw = class_weighted(self.class_weight, classes, y, sw)
         if not sw.sum() > 0:
             raise ValueError("The sample weights times the class weights sum to 0.")

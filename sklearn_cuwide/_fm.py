@@ -643,7 +643,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
                                        backend=backend, plan=False)
             classes, y_idx = self._fit_classes(y)
             _plan_fit(self, X, y, backend, True, n_classes=classes.size)
-            sw = self._weights(classes, y, sw)
+            sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             n_heads = 1 if classes.size == 2 else classes.size
             warm = self._continued_states(X.shape[1], n_heads, classes)
@@ -692,7 +692,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             # the first call sets classes_ here (restored if the fit fails)
             y_idx = self._partial_fit_classes(y, classes)
             classes = self.classes_
-            sw = self._weights(classes, y, sw)
+            sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             n_heads = 1 if classes.size == 2 else classes.size
             warm = self._warm_states(X.shape[1], n_heads)

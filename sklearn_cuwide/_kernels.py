@@ -234,8 +234,8 @@ def lbfgs_memory_instantiation(name, n_rows):
 
 
 #: the layout build's kernels that take no dtype (``cuda/cuwide_build.cu``)
-BUILD_PLAIN = ("cuwide_rank_keys", "cuwide_rank_order", "cuwide_batch_nnz",
-               "cuwide_penalty_held", "cuwide_penalty_scale")
+BUILD_PLAIN = ("cuwide_rank_keys", "cuwide_rank_order", "cuwide_keyed_permutation",
+               "cuwide_batch_nnz", "cuwide_penalty_held", "cuwide_penalty_scale")
 
 
 def build_instantiations(indices_dtype, data_dtype, value_dtype):

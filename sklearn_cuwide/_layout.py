@@ -121,6 +121,9 @@ class TileLayout:
         The rows ``feature_counts`` were counted over when not ``n_rows``:
         an out-of-core fit's window carries its whole layout's counts (None:
         ``n_rows``).
+    device_row_order : device array of int64, shape (n_rows,), or None
+        ``row_order`` on the device that drew it (a shuffled layout built
+        there), which the fit gathers its targets through; None otherwise.
 
     An out-of-core fit's window (:func:`sklearn_cuwide._out_of_core.window_layout`)
     numbers its features in layout order (``feature_order`` and
@@ -146,6 +149,7 @@ class TileLayout:
     feature_counts: np.ndarray
     penalty_factors: np.ndarray = None
     count_rows: int = None
+    device_row_order: object = None
 
     @property
     def nnz(self):
@@ -319,6 +323,12 @@ class BuildKernels:
         n_hot)``."""
         raise NotImplementedError
 
+    def row_order(self, n_rows, random_state):
+        """:func:`row_permutation` of ``n_rows`` (at least 2) rows, shuffled
+        (:func:`keyed_permutation` of ``random_state``): a device int64
+        array, the host's values."""
+        raise NotImplementedError
+
     def batch_nnz(self, indptr, users, n_rows, batch_size):
         """The nonzeros of each mini-batch of ``batch_size`` of the
         ``n_rows`` rows ``users`` (a numpy int64 array)."""
@@ -358,7 +368,9 @@ class LayoutPlan:
     module ``source_xp`` for a cupyx matrix), read, never modified;
     ``source_users``, planned with a device's :class:`BuildKernels`: the
     source row of every layout row on that device (None: the rows as they
-    lie), which the kernels read the chunks' rows through.
+    lie), which the kernels read the chunks' rows through;
+    ``device_row_order``: ``row_order`` on that device where it was drawn
+    there (the kernels' :meth:`BuildKernels.row_order`), else None.
 
     Attributes
     ----------
@@ -388,6 +400,7 @@ class LayoutPlan:
     source_xp: object
     source_rows: object = None
     source_users: object = None
+    device_row_order: object = None
 
     def _users(self, r0, r1):
         """The source rows of layout rows ``r0:r1`` (numpy int64), or None
@@ -509,6 +522,23 @@ def row_permutation(n_rows, shuffle, random_state):
     return keyed_permutation(n_rows, random_state)
 
 
+def permutation_keys(n, random_state):
+    """The keys of :func:`keyed_permutation` of ``n`` (at least 2): ``(keys,
+    mask, shift)``, ``keys`` a ``(rounds, 2)`` uint64 array of each round's
+    xor key and odd multiplier, already reduced to the ``bits`` of ``mask =
+    2**bits - 1`` (``2**bits`` the power of two at or above ``n``), and the
+    rounds' right shift (numpy uint64 scalars).  A device computing the
+    permutation takes them from here: the same seed, the same order."""
+    bits = int(n - 1).bit_length()
+    mask, shift = np.uint64((1 << bits) - 1), np.uint64(max(1, bits // 2))
+    draw = np.random.default_rng(random_state).integers(
+        0, 1 << 63, size=(_ORDER_ROUNDS, 2), dtype=np.uint64)
+    keys = np.empty((_ORDER_ROUNDS, 2), dtype=np.uint64)
+    keys[:, 0] = draw[:, 0] & mask
+    keys[:, 1] = draw[:, 1] | np.uint64(1)
+    return keys, mask, shift
+
+
 def keyed_permutation(n, random_state, count=None):
     """The first ``count`` positions (default all ``n``) of
     :func:`row_permutation`'s shuffled order of ``n`` (numpy int64): a
@@ -519,11 +549,8 @@ def keyed_permutation(n, random_state, count=None):
     if n <= 1 or count == 0:
         out[:] = np.arange(count)
         return out
-    bits = int(n - 1).bit_length()
-    mask, shift = np.uint64((1 << bits) - 1), np.uint64(max(1, bits // 2))
-    draw = np.random.default_rng(random_state).integers(
-        0, 1 << 63, size=(_ORDER_ROUNDS, 2), dtype=np.uint64)
-    keys = [(np.uint64(k) & mask, np.uint64(m) | np.uint64(1)) for k, m in draw]
+    table, mask, shift = permutation_keys(n, random_state)
+    keys = [(k, m) for k, m in table]
     limit = np.uint64(n)
 
     def run(start, stop):
@@ -638,7 +665,11 @@ def plan_csr(
             counts -= feature_counts(idx_out, n_features, xp, val_out)
             del idx_out, val_out
     del left_out
-    if row_order is None:
+    device_order = None
+    if row_order is None and kernels is not None and shuffle and n_rows > 1:
+        # drawn where the rows are read: no host pass, no copy of it over
+        device_order = kernels.row_order(n_rows, random_state)
+    elif row_order is None:
         row_order = row_permutation(n_rows, shuffle, random_state)
     elif row_order.shape != (n_rows,):
         raise ValueError(f"row_order has shape {row_order.shape}, expected ({n_rows},)")
@@ -678,8 +709,12 @@ def plan_csr(
     batch_nnz_ptr = np.zeros(n_batches + 1, dtype=np.int64)
     users = None
     if kernels is not None and n_batches:
-        users = _source_rows(row_order, source_rows, shuffle, 0, n_rows)
-        users = None if users is None else xp.asarray(users, dtype=xp.int64)
+        if device_order is not None:  # the source rows gathered on the device
+            users = (device_order if source_rows is None
+                     else xp.asarray(source_rows, dtype=xp.int64)[device_order])
+        else:
+            users = _source_rows(row_order, source_rows, shuffle, 0, n_rows)
+            users = None if users is None else xp.asarray(users, dtype=xp.int64)
         np.cumsum(kernels.batch_nnz(indptr, users, n_rows, batch_size),
                   out=batch_nnz_ptr[1:])
     elif n_batches:
@@ -692,6 +727,8 @@ def plan_csr(
         ends = np.minimum(np.arange(1, n_batches + 1, dtype=np.int64) * batch_size, n_rows)
         batch_nnz_ptr[1:] = host_array(cum[xp.asarray(ends - 1)])
         del row_len, cum
+    if device_order is not None:  # the layout's row order, on the host too
+        row_order = host_array(device_order)
     bounds = [0]
     if n_batches:
         targets = np.arange(chunk_nnz, int(batch_nnz_ptr[-1]), chunk_nnz)
@@ -722,6 +759,7 @@ def plan_csr(
         source_xp=xp,
         source_rows=source_rows,
         source_users=users,
+        device_row_order=device_order,
     )
 
 
@@ -912,6 +950,7 @@ class LayoutTiler:
             feature_order=p.feature_order,
             feature_rank=p.feature_rank,
             feature_counts=p.feature_counts,
+            device_row_order=p.device_row_order,
         )
 
 

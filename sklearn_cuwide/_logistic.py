@@ -398,7 +398,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                        backend=backend, plan=False)
             classes, y_idx = self._fit_classes(y)
             _plan_fit(self, X, y, backend, True, n_classes=classes.size)
-            sw = self._weights(classes, y, sw)
+            sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes)
             if self.solver == "lbfgs":
@@ -491,7 +491,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             # the first call sets classes_ here (restored if the fit fails)
             y_idx = self._partial_fit_classes(y, classes)
             classes = self.classes_
-            sw = self._weights(classes, y, sw)
+            sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes, force=True)
             fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,

@@ -160,10 +160,9 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         split = _can_stratify(schedule.early_stopping, stratify, counts)
     n_laid = X.shape[0] - (_validation_size(X.shape[0], schedule.validation_fraction)
                            if split else 0)
-    # the layout's input crosses to the device (and its row order is drawn)
-    # while the rows are split and the step parameters set, which need neither
-    staged = (backend.stage_layout_input(X, n_laid, schedule.shuffle, seed_layout)
-              if warm is None and n_laid else None)
+    # the layout's input crosses to the device while the rows are split and
+    # the step parameters set, which need none of it
+    staged = backend.stage_layout_input(X, n_laid) if warm is None and n_laid else None
     try:
         if split:
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
@@ -584,7 +583,7 @@ def stored_zero_rows(X, backend):
     or the device's): the zeros are located only when there are any."""
     if _device.is_cupy_array(X):
         xp = backend.xp
-        none = int(xp.count_nonzero(X.data)) == int(X.nnz)
+        none = not backend.holds_zero(X.data)
     else:
         xp = np
         none = not host_reduce(holds_zero, np.asarray(X.data).reshape(-1), any)
@@ -752,12 +751,16 @@ def mean_row_nonzeros(X, rows, sw, backend, zeros=None):
     per_row = xp.diff(X.indptr).astype(xp.int64)
     if zero_rows is not None:
         per_row -= xp.bincount(zero_rows, minlength=per_row.shape[0]).astype(xp.int64)
-    per_row = np.asarray(per_row if xp is np else backend.to_host(per_row), dtype=np.float64)
-    if rows is not None:
-        per_row = per_row[rows]
     sw = np.asarray(sw, dtype=np.float64)
     total = float(sw.sum())
-    return float(np.dot(per_row, sw)) / total if total > 0 else 0.0
+    if not total > 0:
+        return 0.0
+    # where the row lengths are: a device's rows and weights cross to it
+    # (their two copies, not the lengths' copy back and the host passes)
+    put = np.asarray if xp is np else backend.to_device
+    if rows is not None:
+        per_row = per_row[put(rows)]
+    return float(xp.dot(per_row.astype(xp.float64), put(sw))) / total
 
 
 #: ``alpha="auto"`` of the factorization machines: ``AUTO_ALPHA / S`` on the

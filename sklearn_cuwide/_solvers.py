@@ -333,7 +333,8 @@ def fit_minibatch(
     # fit runs (O(n_rows) on the device rather than a host pass)
     lx = np if ooc is not None else xp
     put = backend.to_device if lx is not np else np.asarray
-    ro = put(layout.row_order)
+    ro = (layout.device_row_order if lx is not np and layout.device_row_order is not None
+          else put(layout.row_order))
     y_l = put(np.asarray(y, dtype=dt))[ro]
     sw_l = put(np.asarray(sample_weight, dtype=np.float64))[ro]
     del ro

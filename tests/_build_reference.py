@@ -11,7 +11,7 @@ kernels against the same builds.
 
 import numpy as np
 
-from sklearn_cuwide._layout import BuildKernels
+from sklearn_cuwide._layout import BuildKernels, permutation_keys
 
 
 class ReferenceBuildKernels(BuildKernels):
@@ -53,6 +53,21 @@ class ReferenceBuildKernels(BuildKernels):
         rank[order] = np.arange(n, dtype=np.int64)
         n_hot = sum(1 for v in c if float(v) >= hot_min)
         return counts, self.wrap(order), self.wrap(rank), n_hot
+
+    def row_order(self, n_rows, random_state):
+        self.calls.append("row_order")
+        keys, mask, shift = permutation_keys(int(n_rows), random_state)
+        out = []
+        for i in range(int(n_rows)):  # each position through the rounds until in range
+            x = i
+            while True:
+                for k, m in keys:
+                    x = ((x ^ int(k)) * int(m)) & int(mask)
+                    x ^= x >> int(shift)
+                if x < n_rows:
+                    break
+            out.append(x)
+        return self.wrap(np.asarray(out, dtype=np.int64))
 
     def batch_nnz(self, indptr, users, n_rows, batch_size):
         self.calls.append("batch_nnz")

@@ -123,7 +123,9 @@ def test_device_build_equals_host_build(case, module):
     _assert_same(A, B, module)
     if kernels is not None:  # every pass went through them
         assert set(kernels.calls) == {"feature_counts", "rank", "batch_nnz", "chunk_keys",
-                                      "chunk_store"}
+                                      "chunk_store"} | ({"row_order"} if shuffle else set())
+        if shuffle:  # drawn with the kernels, kept there for the targets' gather
+            np.testing.assert_array_equal(np.asarray(B.device_row_order), A.row_order)
         np.testing.assert_array_equal(
             kernels.penalty_scale(B.feat, B.tile_ptr, B.n_features, B.n_batches),
             penalty_scale(A))
@@ -423,8 +425,8 @@ def _assert_csr_equal(A, B):
 
 @pytest.mark.parametrize("rows", [False, True])
 def test_staged_upload_then_built_on_the_device(rows):
-    """The upload and the row order begun before the build (StagedInput, the
-    fit's early start) build the layout the host builds; a handle of other
+    """The upload begun before the build (StagedInput, the fit's early
+    start) builds the layout the host builds; a handle of other
     rows is refused, and a handle closed before its results were taken
     waits for its work and keeps nothing."""
     up = _upload_module()
@@ -434,7 +436,7 @@ def test_staged_upload_then_built_on_the_device(rows):
         kw["rows"] = np.sort(np.random.default_rng(6).choice(X.shape[0], 900, replace=False))
     n = X.shape[0] if not rows else 900
     fake = _FakeCupy()
-    staged = up.StagedInput(X, fake, n, True, kw["random_state"], upload_chunk_nnz=1999,
+    staged = up.StagedInput(X, fake, n, upload_chunk_nnz=1999,
                             gather=_held_gather)
     held = staged.hold_out(np.setdiff1d(np.arange(X.shape[0]), kw["rows"]) if rows
                            else np.arange(0, X.shape[0], 7))
@@ -445,16 +447,16 @@ def test_staged_upload_then_built_on_the_device(rows):
     assert held.matrix is not None and isinstance(held.result(), sp.csr_matrix)
     _assert_csr_equal(held.result(), X[held.rows])
     # a handle whose build never took the staged copy: the host's rows
-    unused = up.StagedInput(X, fake, n, True, kw["random_state"], gather=_held_gather)
+    unused = up.StagedInput(X, fake, n, gather=_held_gather)
     late = unused.hold_out(np.array([3, 5, 8]))
     unused.close()
     assert late.matrix is None
     _assert_csr_equal(late.result(), X[[3, 5, 8]])
-    other = up.StagedInput(X, fake, n + 1, True, kw["random_state"])
+    other = up.StagedInput(X, fake, n + 1)
     with pytest.raises(ValueError, match="another matrix or number of rows"):
         up.build_on_device(X, fake, staged=other, **kw)
     other.close()
-    assert other._csr is None and other._order is None
+    assert other._csr is None
 
 
 def test_held_out_rows_are_gathered_after_the_build(monkeypatch):
@@ -478,8 +480,7 @@ def test_held_out_rows_are_gathered_after_the_build(monkeypatch):
 
     monkeypatch.setattr(up._layout, "build_layout_csr", build)
     fake = _FakeCupy()
-    staged = up.StagedInput(X, fake, kw["rows"].shape[0], True, kw["random_state"],
-                            gather=gather)
+    staged = up.StagedInput(X, fake, kw["rows"].shape[0], gather=gather)
     held = staged.hold_out(np.arange(1, X.shape[0], 2))
     up.build_on_device(X, fake, staged=staged, **kw)
     staged.close()
@@ -511,7 +512,7 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
         def close(self):
             self.closed = True
 
-    def stage(X, n_rows, shuffle, random_state):
+    def stage(X, n_rows):
         handles.append(Handle(X))
         handles[-1].n_rows = n_rows
         return handles[-1]

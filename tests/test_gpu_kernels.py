@@ -694,6 +694,25 @@ def test_build_kernels_give_the_numpy_build(int64):
             np.testing.assert_array_equal(got.data.get(), want.data, err_msg=what)
 
 
+def test_row_order_kernel_gives_the_host_permutation():
+    """The layout's row order drawn on the device
+    (``cuwide_keyed_permutation``) equals the host's draw for the same seed,
+    value for value: sizes at, below and above powers of two (the cycle
+    walk of a value past ``n``), and a fit's size."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends._cuda._build import CudaBuildKernels
+    from sklearn_cuwide._layout import row_permutation
+
+    kernels = CudaBuildKernels()
+    for n in (2, 3, 4, 5, 1023, 1024, 1025, 65537, 3_600_001):
+        for seed in (0, 12345):
+            got = kernels.row_order(n, seed)
+            assert got.dtype == cp.int64 and got.shape == (n,)
+            np.testing.assert_array_equal(got.get(), row_permutation(n, True, seed),
+                                          err_msg=f"n={n}, seed={seed}")
+
+
 @pytest.mark.parametrize("loss", ["logistic", "squared", "multinomial"])
 def test_weighted_loss_kernel_matches_numpy(loss):
     """Early stopping's validation loss on the device (``cuda/cuwide_loss.cu``;

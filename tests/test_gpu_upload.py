@@ -748,8 +748,7 @@ def test_gpu_take_rows_and_the_staged_held_out_rows(index_dtype):
     np.testing.assert_array_equal(got.data.get(), want.data)
     kw = _kw(True, 64, 30)
     kw["rows"] = np.setdiff1d(np.arange(X.shape[0]), rows)
-    staged = cuda_layout._upload.StagedInput(X, cp, kw["rows"].shape[0], True,
-                                             kw["random_state"],
+    staged = cuda_layout._upload.StagedInput(X, cp, kw["rows"].shape[0],
                                              gather=_cuda._build.rows_of_arrays)
     held = staged.hold_out(rows)
     B = cuda_layout._upload.build_on_device(X, cp, staged=staged, **kw)

@@ -109,3 +109,22 @@ def test_gpu_all_finite_finds_one_nan(where):
     i = {0: 0, "last row": mod.ROWS * (n // mod.ROWS) - 1, "remainder": n - 1}[where]
     V[i] = cp.nan
     assert not mod.all_finite(cp, V)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("where", [None, 0, "last row", "remainder"])
+def test_gpu_holds_zero_finds_one_zero(where):
+    """The CUDA backend's ``holds_zero`` (the stored zeros' check of a
+    device CSR's values, two passes at this size) against the CPU
+    backend's, which finds it in numpy."""
+    import cupy as cp
+
+    from sklearn_cuwide._backends import _cpu, _cuda
+
+    mod = _reduce_module()
+    n = mod.TWO_PASS_ITEMS + 777
+    V = np.full(n, 0.5, dtype=np.float32)
+    if where is not None:
+        V[{0: 0, "last row": mod.ROWS * (n // mod.ROWS) - 1, "remainder": n - 1}[where]] = 0.0
+    assert _cuda.holds_zero(cp.asarray(V)) is _cpu.holds_zero(V) is (where is not None)

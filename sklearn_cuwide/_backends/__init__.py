@@ -53,6 +53,9 @@ class Backend(Protocol):
     def all_finite(self, a) -> bool:
         """Whether every value of array ``a`` (on the backend) is finite."""
 
+    def holds_zero(self, a) -> bool:
+        """Whether array ``a`` (on the backend) holds a value equal to 0."""
+
     def synchronize(self):
         """Wait for the backend's queued work."""
 
@@ -102,12 +105,11 @@ class Backend(Protocol):
         build's for ``X``'s dtypes, the first epoch's for ``n_batches``,
         ``workers`` and the warm-up ``ramp``); returns at once."""
 
-    def stage_layout_input(self, X, n_rows, shuffle, random_state):
+    def stage_layout_input(self, X, n_rows):
         """Start, in the background, what :meth:`build_layout` of ``X`` reads
-        first (``n_rows`` rows laid out, in an order drawn from
-        ``random_state`` when ``shuffle``), so that the fit's host work
+        first (``n_rows`` rows laid out), so that the fit's host work
         overlaps it: the CUDA backend copies a host CSR it will build from
-        whole to the device and draws the layout's row order.  Returns a
+        whole to the device.  Returns a
         handle for ``build_layout``'s ``staged`` (whose ``close`` waits for
         the work, and whose ``hold_out(rows)`` returns a handle whose
         ``result()``, once ``build_layout`` has run, is the rows ``rows`` of

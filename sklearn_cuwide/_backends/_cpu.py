@@ -27,7 +27,8 @@ from .._layout import penalty_scale
 from .._loss import pointwise_loss, weighted_loss as _weighted_loss
 from .._state import draw_factors as _draw_factors
 from .._sparse import canonical_csr, held_columns, with_columns
-from .._validation import check_sparse_structure
+from .._validation import check_sparse_structure, host_reduce
+from .._validation import holds_zero as _holds_zero
 
 name = "cpu"
 xp = np
@@ -45,6 +46,11 @@ NOMINAL_SHARED_PER_SM = 233472
 def all_finite(a):
     """Whether every value of ``a`` is finite (on every core)."""
     return _host.all_finite(a)
+
+
+def holds_zero(a):
+    """Whether ``a`` holds a value equal to 0 (on every core)."""
+    return host_reduce(_holds_zero, np.asarray(a).reshape(-1), any)
 
 
 def tile_shape(params, n_outputs, n_factors, batch_size, workers=None):
@@ -125,7 +131,7 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
     """Nothing to start on the CPU (nothing compiles)."""
 
 
-def stage_layout_input(X, n_rows, shuffle, random_state):
+def stage_layout_input(X, n_rows):
     """Nothing to stage: the CPU builds the layout from ``X`` where it is."""
     return None
 

@@ -100,6 +100,16 @@ class CudaBuildKernels(_layout.BuildKernels):
             del keys
         return counts, order, rank, int(n_hot.get()[0])
 
+    def row_order(self, n_rows, random_state):
+        n = int(n_rows)
+        keys, mask, shift = _layout.permutation_keys(n, random_state)
+        out = cp.empty(n, dtype=cp.int64)
+        self._module()["cuwide_keyed_permutation"](
+            (_blocks(n),), (_THREADS,),
+            (np.int64(n), np.int64(n), cp.asarray(keys.reshape(-1)), np.int32(keys.shape[0]),
+             np.uint64(mask), np.int32(shift), out))
+        return out
+
     def batch_nnz(self, indptr, users, n_rows, batch_size):
         mod = self._module()
         n_batches = -(-int(n_rows) // int(batch_size))

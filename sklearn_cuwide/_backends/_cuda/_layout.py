@@ -52,15 +52,15 @@ def _budget(memory_budget):
     return _memory.device_budget(get_config()["device_memory_limit"], *device_memory())[0]
 
 
-def stage_layout_input(X, n_rows, shuffle, random_state):
+def stage_layout_input(X, n_rows):
     """Begin the upload of a host CSR that the fit's memory plan builds its
-    layout from whole on the device ("device" and ``csr_whole``), and the
-    draw of the layout's row order: a :class:`._upload.StagedInput` for
-    :func:`build_layout`, or None for any other input or plan."""
+    layout from whole on the device ("device" and ``csr_whole``): a
+    :class:`._upload.StagedInput` for :func:`build_layout`, or None for any
+    other input or plan."""
     if (cpsp.issparse(X) or getattr(X, "format", None) != "csr"
             or _planned_site(_memory.active_plan(), on_device=False) != "device"):
         return None
-    return _upload.StagedInput(X, cp, n_rows, shuffle, random_state, gather=rows_of_arrays)
+    return _upload.StagedInput(X, cp, n_rows, gather=rows_of_arrays)
 
 
 def _planned_site(plan, on_device):

@@ -244,6 +244,13 @@ def all_finite(a):
     return _reduce.all_finite(cp, a)
 
 
+def holds_zero(a):
+    """Whether device array ``a`` holds a value equal to 0 (a large one in
+    two passes: :mod:`._reduce`; CuPy's one-pass count of the 156M values
+    of a 4M-row CSR took 0.11 s in a fit)."""
+    return bool(_reduce.reduce_all(cp, a == 0, "any"))
+
+
 def synchronize():
     cp.cuda.get_current_stream().synchronize()
 

@@ -397,23 +397,23 @@ class HeldOut:
 class StagedInput:
     """What :func:`build_on_device` reads first, begun before it is called:
     the upload of a host CSR (:func:`upload_csr`, driven from a thread of
-    its own) and the draw of the layout's row order (another thread),
-    while the fit goes on with its early-stopping split and its step
-    parameters, which need neither.
+    its own) while the fit goes on with its early-stopping split and its
+    step parameters, which need none of it.  (The layout's row order is
+    drawn on the device by the build: no host pass competes with the
+    upload's fills.)
 
-    :meth:`take` hands the device arrays and the row order over once (the
-    handle keeps no reference to them after); :meth:`close` waits for the
-    work, so that an interrupted fit's device arrays are freed after their
-    copies end.  Rows named by :meth:`hold_out` (early stopping's held-out
-    rows) are gathered from the uploaded copy once the layout is built from
-    it (:meth:`gather_held`): the host neither gathers nor copies them, and
+    :meth:`take` hands the device arrays over once (the handle keeps no
+    reference to them after); :meth:`close` waits for the work, so that an
+    interrupted fit's device arrays are freed after their copies end.
+    Rows named by :meth:`hold_out` (early stopping's held-out rows) are
+    gathered from the uploaded copy once the layout is built from it
+    (:meth:`gather_held`): the host neither gathers nor copies them, and
     the build's sorts run without their copy beside them.
     ``gather``: ``(indptr, indices, data, shape, rows) -> matrix``, those
     rows of the uploaded arrays as a device matrix (None: no gather there).
     """
 
-    def __init__(self, X, xp, n_rows, shuffle, random_state, upload_chunk_nnz=1 << 22,
-                 gather=None):
+    def __init__(self, X, xp, n_rows, upload_chunk_nnz=1 << 22, gather=None):
         self.X, self.n_rows, self._gather = X, int(n_rows), gather
         self._held = None
         device = xp.cuda.Device()  # the fit's: the thread's own starts at device 0
@@ -422,13 +422,11 @@ class StagedInput:
             with device:
                 return upload_csr(X, xp, chunk_nnz=upload_chunk_nnz)
 
-        # threads of their own: both hand runs to the host pool (its fills, the
-        # order's runs), which a task of that pool must not wait on
-        self._thread = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuwide-stage")
+        # a thread of its own: it hands the fills to the host pool, which a
+        # task of that pool must not wait on
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuwide-stage")
         self._csr = self._thread.submit(upload)
-        self._order = self._thread.submit(_layout.row_permutation, self.n_rows, shuffle,
-                                          random_state)
-        self._thread.shutdown(wait=False)  # the threads end with their tasks
+        self._thread.shutdown(wait=False)  # the thread ends with its task
 
     def hold_out(self, rows):
         """A :class:`HeldOut` of the rows ``rows`` (sorted numpy indices) of
@@ -437,10 +435,9 @@ class StagedInput:
         return self._held
 
     def take(self):
-        """``((indptr, indices, data), row_order)``, waiting for them."""
-        csr, order = self._csr.result(), self._order.result()
-        self._csr = self._order = None
-        return csr, order
+        """The uploaded ``(indptr, indices, data)``, waiting for them."""
+        csr, self._csr = self._csr.result(), None
+        return csr
 
     def gather_held(self, csr):
         """The rows of :meth:`hold_out`, gathered from ``csr`` (the arrays
@@ -451,10 +448,9 @@ class StagedInput:
 
     def close(self):
         """Wait for what is still running (and drop its results)."""
-        for f in (self._csr, self._order):
-            if f is not None:
-                wait([f])
-        self._csr = self._order = None
+        if self._csr is not None:
+            wait([self._csr])
+        self._csr = None
 
 
 def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
@@ -463,23 +459,22 @@ def build_on_device(X, xp, *, dtype=np.float32, chunk_nnz=1 << 23,
     with every pass over its nonzeros on the device: the CSR uploaded as it
     is (:func:`upload_csr`), then planned, shuffled and tiled there
     (:func:`sklearn_cuwide._layout.build_layout_csr`, sorting ``chunk_nnz``
-    nonzeros at a time).  The host computes the row order (numpy's
-    permutation, drawn in a thread while the CSR uploads) and what is
-    O(n_rows / batch_size + n_features).  Same
-    layout, bit for bit, as the numpy build; the device holds the CSR and
-    the layout until it returns.  ``staged``: a :class:`StagedInput` of
-    ``X`` and of these rows, whose upload and row order are used.
+    nonzeros at a time; with the build's kernels in ``plan_kw`` the row
+    order is drawn there too).  The host computes what is O(n_rows /
+    batch_size + n_features).  Same layout, bit for bit, as the numpy
+    build; the device holds the CSR and the layout until it returns.
+    ``staged``: a :class:`StagedInput` of ``X`` and of these rows, whose
+    upload is used.
     """
     rows = plan_kw.get("rows")
     n_rows = X.shape[0] if rows is None else len(rows)
     if staged is None:
-        staged = StagedInput(X, xp, n_rows, plan_kw.get("shuffle", False),
-                             plan_kw.get("random_state"), upload_chunk_nnz)
+        staged = StagedInput(X, xp, n_rows, upload_chunk_nnz)
     elif staged.X is not X or staged.n_rows != n_rows:
         raise ValueError("the staged input is of another matrix or number of rows")
-    csr, row_order = staged.take()
+    csr = staged.take()
     layout = _layout.build_layout_csr(X.shape, *csr, xp=xp, dtype=dtype, chunk_nnz=chunk_nnz,
-                                      row_order=row_order, **plan_kw)
+                                      **plan_kw)
     # after the build: the peak of its sorts holds no copy of the held-out rows
     staged.gather_held(csr)
     return layout
