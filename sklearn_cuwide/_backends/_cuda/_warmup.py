@@ -59,6 +59,10 @@ def _ops(value, index, layout, n_outputs, n_factors, adagrad, packed):
         # the targets and weights in the layout's order (_solvers.fit_minibatch)
         lambda: cp.zeros(4, layout)[cp.zeros(2, i64)],
         lambda: cp.zeros(4, f64)[cp.zeros(2, i64)],
+        # the laid-out rows' sources in the row order (_layout.plan_csr), the
+        # FM's rows' lengths (_minibatch.mean_row_nonzeros)
+        lambda: cp.zeros(4, i64)[cp.zeros(2, i64)],
+        lambda: cp.zeros(2, i64).astype(f64),
         lambda: cp.concatenate((cp.zeros(2, f64), cp.zeros(1, f64))),  # batch_weights
         lambda: cp.zeros(2, f64).astype(layout),
         lambda: cp.zeros(2, f32).astype(f64),  # _predict.decision_function's output
