@@ -106,7 +106,8 @@ def test_every_system_row_has_its_metrics(smoke):
         elif sid.startswith(("est_", "sk_")):
             assert rec["fit_s"] > 0, (name, sid)
     assert {"ours_lr_adagrad", "ours_lr_sgd", "ours_fm", "ours_fm_scaled", "ours_fm_reg",
-            "est_lr_adagrad", "est_lr_lbfgs", "est_fm", "est_lr_default", "est_fm_default",
+            "est_lr_adagrad", "est_lr_lbfgs", "est_fm", "est_fm_max", "est_lr_default",
+            "est_fm_default",
             "est_fm_reg", "est_fm_reg_default", "sk_lr", "sk_sgd", "sk_ridge",
             "cusparse_lr"} <= seen
 
