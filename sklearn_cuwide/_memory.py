@@ -475,8 +475,9 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
                                                        + 8 * (n_batches + 1)),
             "chunks of X being sorted": staged * chunk + (3 * 8 * c_nnz if whole else 0),
             # the fused kernels read X's rows where they lie, through the
-            # source row of every layout row (int64)
-            "the rows' order": 8 * n if whole else 0,
+            # source row of every layout row (int64), gathered through the
+            # row order drawn there (kept for the targets' gather)
+            "the rows' order and their source rows": 16 * n if whole else 0,
             "one chunk's sort": tiling_bytes(c_nnz, device=True, chunk_sblocks=n_sblocks),
         }
     elif layout == "streamed" and build_chunk_nnz is not None:
@@ -500,6 +501,8 @@ def _minibatch_parts(s, where, layout, build_chunk_nnz=None, csr_whole=False):
         train["the training layout"] = lay
     if ranked_on_device:
         train["the layout's feature ranking"] = 24 * d
+        # a layout shuffled on the device keeps its row order there
+        train["the layout's row order"] = 8 * n
     rows = d if s.model_rows is None else min(int(s.model_rows), d)
     dev_state = state_bytes(rows, s.n_outputs, s.n_factors, s.adagrad)
     if rows < d and s.penalty_scaled and layout == "device":
