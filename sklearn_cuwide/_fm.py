@@ -437,6 +437,8 @@ class _BaseFM(_CuWideEstimator):
             if m != PENALTY_MULTIPLIERS[-1]:  # it may be held while the next fits run
                 res = [r.on_host() for r in res]
             r = res[0]
+            if not r.validation_curve:  # a split without weight on a side: none held out
+                return res, float("inf"), "(no validation split: a side had no weight)"
             kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
             return res, r.validation_curve[kept - 1], f"at epoch {kept} of {r.n_iter}"
 

@@ -158,13 +158,21 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         # the classes' sizes, counted once for the check and the split
         counts = None if stratify is None else np.bincount(np.asarray(stratify, np.intp))
         split = _can_stratify(schedule.early_stopping, stratify, counts)
+    if split and not float(np.min(sample_weight)) > 0:
+        # rows of weight 0: the split is drawn first, to check that each side
+        # holds weight (the rows it lays out decide what is staged)
+        tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
+                                   seed_split, counts)
+        if not _weighted_sides(schedule.early_stopping, schedule.validation_fraction,
+                               sample_weight, tr, va):
+            split, tr, va = False, None, None
     n_laid = X.shape[0] - (_validation_size(X.shape[0], schedule.validation_fraction)
                            if split else 0)
     # the layout's input crosses to the device while the rows are split and
     # the step parameters set, which need none of it
     staged = backend.stage_layout_input(X, n_laid) if warm is None and n_laid else None
     try:
-        if split:
+        if split and va is None:
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
                                        seed_split, counts)
         if va is not None:
@@ -492,6 +500,28 @@ def _can_stratify(early_stopping, stratify, counts=None):
         f"class needs at least 2, one on each side of the split. Set "
         f"early_stopping=False, or give every class at least 2 samples."
     )
+
+
+def _weighted_sides(early_stopping, validation_fraction, sample_weight, tr, va):
+    """Whether both sides of early stopping's split (``tr``, ``va``) hold
+    sample weight.  Rule: a side whose rows all weigh 0 makes
+    ``early_stopping="auto"`` fit without early stopping (every row trains),
+    and ``early_stopping=True`` raise.  Why: the validation loss is a
+    weighted mean (0 / 0 without weight: a NaN that reads as a diverged
+    fit), and a training side without weight trains nothing."""
+    for side, rows, small in (("validation", va, True), ("training", tr, False)):
+        if float(np.sum(sample_weight[rows])) > 0:
+            continue
+        if early_stopping == "auto":
+            return False
+        raise ValueError(
+            f"early_stopping=True holds out a validation split (validation_fraction="
+            f"{validation_fraction}), and every one of the {rows.shape[0]} samples of its "
+            f"{side} side has sample_weight 0: that side's loss is undefined. Set "
+            f"early_stopping=False, or {_fraction_advice(small).lower()}, or give "
+            f"weight to more samples."
+        )
+    return True
 
 
 def _warn_max_iter(results, tol, max_iter, early_stopping_advice=False,

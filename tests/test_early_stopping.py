@@ -14,6 +14,7 @@ from sklearn_cuwide import (
 from sklearn_cuwide._device import cuda_device_count
 from sklearn_cuwide._minibatch import (
     EARLY_STOPPING_AUTO_MIN_SAMPLES,
+    _seeds,
     _validation_split,
     uses_validation,
 )
@@ -229,6 +230,46 @@ def test_auto_is_the_default_and_follows_the_number_of_rows(Est):
     # "auto" at n rows is early_stopping=True
     forced = Est(early_stopping=True, **kw).fit(X, y)
     assert_array_equal(forced.factors_, on.factors_)
+
+
+@pytest.mark.parametrize("Est", [GPULogisticRegression, GPUFactorizationMachine,
+                                 GPUFactorizationMachineRegressor])
+def test_a_side_of_the_split_without_weight(Est):
+    """Sample weights of 0 on every row of a side of early stopping's split:
+    ``"auto"`` fits without early stopping (every row trains; no NaN
+    validation loss read as a diverged fit), ``True`` raises before any
+    training and names the side; weights of 0 on some rows of each side
+    keep early stopping as it is."""
+    import warnings
+
+    n = EARLY_STOPPING_AUTO_MIN_SAMPLES + 2000
+    make = make_ctr_regression if Est is GPUFactorizationMachineRegressor else (
+        make_ctr_classification)
+    X, y = make(n, 2**10, n_fields=4, n_numeric=0, random_state=0)
+    kw = dict(max_iter=3, tol=None, random_state=0, device="cpu")
+    if Est is GPULogisticRegression:
+        kw["solver"] = "adagrad"
+    else:
+        kw["n_factors"] = 2
+    stratify = None
+    if Est is not GPUFactorizationMachineRegressor:
+        stratify = np.unique(y, return_inverse=True)[1]
+    tr, va = _validation_split(n, 0.1, stratify, _seeds(0)[0])  # the fit's split
+    for side, rows in (("validation", va), ("training", tr)):
+        sw = np.ones(n)
+        sw[rows] = 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no 0 / 0
+            est = Est(**kw).fit(X, y, sample_weight=sw)
+        assert est.best_iteration_ is None and est.validation_score_.shape == (0,)
+        assert all(np.isfinite(a).all() for a in _params(est))
+        with pytest.raises(ValueError, match=f"samples of its {side} side have|"
+                           f"of its {side} side has sample_weight 0"):
+            Est(early_stopping=True, **kw).fit(X, y, sample_weight=sw)
+    sw = np.ones(n)
+    sw[::7] = 0.0  # some rows of both sides
+    est = Est(**kw).fit(X, y, sample_weight=sw)
+    assert est.best_iteration_ is not None and est.validation_score_.shape == (3,)
 
 
 def test_auto_with_lbfgs_is_off_and_true_raises(ctr):
