@@ -548,7 +548,23 @@ def class_weighted(class_weight, classes, y, sample_weight):
     if class_weight is None:
         return sample_weight
     kw = {"sample_weight": sample_weight} if _HAS_CW_SAMPLE_WEIGHT else {}
-    cw = compute_class_weight(class_weight, classes=classes, y=y, **kw)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a class of no weight: said below
+        cw = np.asarray(compute_class_weight(class_weight, classes=classes, y=y, **kw),
+                        dtype=np.float64)
+    bad = ~(np.isfinite(cw) & (cw >= 0))
+    if bad.any():
+        # the class weights, not the sample weights, are refused: say which
+        which = {c: float(w) for c, w in zip(classes[bad].tolist(), cw[bad].tolist())}
+        if isinstance(class_weight, str) and class_weight == "balanced":
+            raise ValueError(
+                f"class_weight='balanced' weighs each class by the inverse of its total "
+                f"sample weight, and class(es) {sorted(which)} have a total sample weight "
+                "of 0: give their samples weight, or pass class_weight as a dict."
+            )
+        raise ValueError(
+            "class_weight must give every class a finite, non-negative weight; got "
+            f"{which}."
+        )
     return sample_weight * cw[np.searchsorted(classes, y)]
 
 

@@ -262,6 +262,24 @@ def test_class_weight_times_sample_weight_beyond_float32_raises(binary):
         est.fit(X, y, sample_weight=np.full(y.size, 1e10))
 
 
+@pytest.mark.parametrize("Est", [GPULogisticRegression, GPUFactorizationMachine])
+@pytest.mark.parametrize("class_weight, match", [
+    ({0: -0.1}, r"finite, non-negative weight; got \{0: -0.1\}"),
+    ({1: np.nan}, r"finite, non-negative weight; got \{1: nan\}"),
+    ("balanced", r"class\(es\) \[0\] have a total sample weight of 0"),
+])
+def test_class_weight_negative_or_undefined_raises(binary, Est, class_weight, match):
+    """A class weight below 0 or not finite (a dict's, or 'balanced' for a
+    class whose samples all weigh 0) is refused by name, as a negative
+    sample weight is: not trained on, nor reported as weights summing to 0."""
+    X, y = binary
+    sw = np.where(y == 0, 0.0, 1.0) if class_weight == "balanced" else None
+    est = Est(class_weight=class_weight, device="cpu")
+    with pytest.raises(ValueError, match=match):
+        est.fit(X, y, sample_weight=sw)
+    assert not hasattr(est, "coef_")
+
+
 # --------------------------------------------------------------------------
 # a failed or interrupted fit changes nothing
 # --------------------------------------------------------------------------
