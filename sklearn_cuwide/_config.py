@@ -4,20 +4,30 @@
 Like scikit-learn's, the settings are per thread: each thread starts from
 the defaults and a change (``set_config``, or inside ``config_context``)
 applies to the calling thread only, so that two threads fitting at once do
-not see each other's settings.
+not see each other's settings.  Unlike scikit-learn's, they do not reach
+the workers of ``n_jobs`` (scikit-learn's ``Parallel`` hands its own
+settings on, and has no place for another package's): the environment
+variable :data:`ENV_DEVICE_MEMORY_LIMIT`, read by each thread when it first
+needs the settings, is the defaults' limit for the threads and processes
+that have it.
 """
 
 import math
+import os
 import threading
 from contextlib import contextmanager
 from numbers import Integral, Real
 
 from sklearn.utils._param_validation import InvalidParameterError
 
-__all__ = ["set_config", "get_config", "config_context"]
+__all__ = ["set_config", "get_config", "config_context", "ENV_DEVICE_MEMORY_LIMIT"]
 
 _DEFAULTS = {"device_memory_limit": None}
 _LOCAL = threading.local()
+#: the environment variable whose value (a number of bytes, or a fraction in
+#: (0, 1] written with a decimal point) is every thread's default
+#: ``device_memory_limit`` where it is set and not empty
+ENV_DEVICE_MEMORY_LIMIT = "SKLEARN_CUWIDE_DEVICE_MEMORY_LIMIT"
 
 class _Unchanged:
     """"Not given": ``None`` is a value of ``device_memory_limit`` (the default)."""
@@ -30,10 +40,33 @@ _UNCHANGED = _Unchanged()
 
 
 def _local():
-    """The calling thread's settings (a copy of the defaults at first use)."""
+    """The calling thread's settings (a copy of the defaults at first use,
+    the environment's limit among them)."""
     if not hasattr(_LOCAL, "config"):
-        _LOCAL.config = dict(_DEFAULTS)
+        config = dict(_DEFAULTS)
+        config["device_memory_limit"] = _environment_limit()
+        _LOCAL.config = config
     return _LOCAL.config
+
+
+def _environment_limit():
+    """The ``device_memory_limit`` of :data:`ENV_DEVICE_MEMORY_LIMIT`
+    (None where it is unset or empty): digits alone are an int of bytes,
+    a number with a point or an exponent a fraction."""
+    raw = os.environ.get(ENV_DEVICE_MEMORY_LIMIT, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw) if raw.lstrip("+").isdigit() else float(raw)
+    except ValueError:
+        value = raw
+    try:
+        return check_device_memory_limit(value)
+    except InvalidParameterError as e:
+        raise InvalidParameterError(
+            f"The environment variable {ENV_DEVICE_MEMORY_LIMIT}={raw!r} is not a "
+            f"device_memory_limit: {e}"
+        ) from None
 
 
 def check_device_memory_limit(limit):
@@ -104,7 +137,11 @@ def set_config(device_memory_limit=_UNCHANGED):
         :class:`sklearn_cuwide.InsufficientMemoryError` before it allocates
         anything. A fit or prediction on the CPU (``device="cpu"``, or no
         GPU) ignores it: the host's available memory is what it plans
-        against. Not given: unchanged.
+        against. Not given: unchanged. A thread's default is ``None``, or
+        the value of the environment variable
+        ``SKLEARN_CUWIDE_DEVICE_MEMORY_LIMIT`` where it is set (``"0.5"``,
+        ``"8000000000"``): the way to reach the workers of ``n_jobs``,
+        which these settings do not.
 
     See Also
     --------

@@ -90,3 +90,68 @@ def test_settings_are_per_thread():
         go.set()
         t.join()
     assert seen == {"start": None, "inside": 7}
+
+
+ENV = "SKLEARN_CUWIDE_DEVICE_MEMORY_LIMIT"
+
+
+def _in_new_thread(fn):
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out
+
+
+@pytest.mark.parametrize("raw, want", [("0.5", 0.5), ("8000000000", 8_000_000_000),
+                                       (" 1e-1 ", 0.1), ("", None)])
+def test_environment_variable_is_each_new_threads_default(monkeypatch, raw, want):
+    """The environment's limit is a thread's default (read when it first
+    needs the settings); its own setting wins and a block restores to it."""
+    assert sklearn_cuwide._config.ENV_DEVICE_MEMORY_LIMIT == ENV
+    monkeypatch.setenv(ENV, raw)
+
+    def settings():
+        first = get_config()["device_memory_limit"]
+        with config_context(device_memory_limit=123):
+            inner = get_config()["device_memory_limit"]
+        return first, inner, get_config()["device_memory_limit"]
+
+    assert _in_new_thread(settings)["value"] == (want, 123, want)
+
+
+@pytest.mark.parametrize("raw", ["abc", "2.5", "0", "-3", "nan"])
+def test_environment_variable_invalid_raises_naming_it(monkeypatch, raw):
+    monkeypatch.setenv(ENV, raw)
+    err = _in_new_thread(get_config)["error"]
+    assert isinstance(err, ValueError) and f"{ENV}={raw!r}" in str(err)
+
+
+def test_environment_variable_reaches_joblib_worker_processes():
+    """What the settings themselves do not: the workers of ``n_jobs``
+    (loky's processes, started with the environment) see the limit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "from joblib import Parallel, delayed\n"
+        "def limit():\n"
+        "    import sklearn_cuwide\n"
+        "    return sklearn_cuwide.get_config()['device_memory_limit']\n"
+        "print(Parallel(n_jobs=2, backend='loky')(delayed(limit)() for _ in range(4)))\n"
+    )
+    env = dict(os.environ, **{ENV: "0.25"},
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[0.25, 0.25, 0.25, 0.25]"
