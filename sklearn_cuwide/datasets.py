@@ -72,15 +72,19 @@ def _check_int(name, value, low):
     return int(value)
 
 
-def _check_real(name, value, low, high=np.inf, low_open=False):
+def _check_real(name, value, low, high=np.inf, low_open=False, high_open=False):
+    """``value`` as a finite float in the range ``low`` to ``high`` (an
+    infinite end, never reached, is an open one, as the message says)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}.")
     value = float(value)
+    low_open, high_open = low_open or np.isinf(low), high_open or np.isinf(high)
     bad_low = value <= low if low_open else value < low
-    if not np.isfinite(value) or bad_low or value > high:
-        bracket = "(" if low_open else "["
+    bad_high = value >= high if high_open else value > high
+    if not np.isfinite(value) or bad_low or bad_high:
         raise ValueError(
-            f"{name} must be in the range {bracket}{low}, {high}], got {value!r}."
+            f"{name} must be a finite number in the range {'(' if low_open else '['}"
+            f"{low:g}, {high:g}{')' if high_open else ']'}, got {value!r}."
         )
     return value
 
@@ -396,9 +400,7 @@ def make_ctr_classification(
             dtype,
         )
     )
-    base_rate = _check_real("base_rate", base_rate, 0.0, 1.0, low_open=True)
-    if base_rate >= 1.0:
-        raise ValueError(f"base_rate must be in the range (0, 1), got {base_rate!r}.")
+    base_rate = _check_real("base_rate", base_rate, 0.0, 1.0, low_open=True, high_open=True)
     seed = _seed_from(random_state)
 
     X, calib, data = _draw(

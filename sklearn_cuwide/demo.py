@@ -98,6 +98,8 @@ def _parse_args(argv):
         p.error("--n-features must be at least 39 (13 numeric + 26 fields)")
     if args.n_samples is not None and args.n_samples < 100:
         p.error("--n-samples must be at least 100")
+    if not 0 <= args.random_state < 2**32:  # numpy's seeds
+        p.error("--random-state must be in [0, 2**32 - 1]")
     return args
 
 

@@ -217,13 +217,22 @@ def test_invalid_parameters(make, params, match):
         make(**kwargs)
 
 
-@pytest.mark.parametrize("base_rate", [0.0, 1.0, -0.1, "0.5"])
+@pytest.mark.parametrize("base_rate", [0.0, 1.0, 2.0, -0.1])
 def test_invalid_base_rate(base_rate):
-    with pytest.raises(ValueError, match="base_rate"):
+    # the range the message gives is the one the check applies (both ends open)
+    with pytest.raises(ValueError, match=r"base_rate must be a finite number in the range "
+                                         r"\(0, 1\), got"):
         make_ctr_classification(10, 2**10, base_rate=base_rate)
+    with pytest.raises(ValueError, match="base_rate must be a real number"):
+        make_ctr_classification(10, 2**10, base_rate="0.5")
 
 
-@pytest.mark.parametrize("params", [dict(noise=-1.0), dict(bias=np.inf)])
-def test_invalid_regression_parameters(params):
-    with pytest.raises(ValueError, match=next(iter(params))):
+@pytest.mark.parametrize("params, match", [
+    (dict(noise=-1.0), r"noise must be a finite number in the range \[0, inf\)"),
+    (dict(noise=np.inf), r"noise must be a finite number in the range \[0, inf\)"),
+    (dict(bias=np.inf), r"bias must be a finite number in the range \(-inf, inf\)"),
+])
+def test_invalid_regression_parameters(params, match):
+    # an infinite value is refused, and the message's range says so
+    with pytest.raises(ValueError, match=match):
         make_ctr_regression(10, 2**10, **params)

@@ -95,11 +95,17 @@ def test_demo_reports_a_failing_model(monkeypatch):
     assert "FAILED: RuntimeError: kaputt" in out.getvalue()
 
 
-def test_demo_rejects_bad_arguments(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--n-samples", "10"], "--n-samples must be at least 100"),
+    (["--random-state", "-1"], "--random-state must be in [0, 2**32 - 1]"),
+    (["--random-state", str(2**32)], "--random-state must be in [0, 2**32 - 1]"),
+])
+def test_demo_rejects_bad_arguments(capsys, argv, message):
+    # argparse's error (exit code 2), not a traceback from the data's draw
     with pytest.raises(SystemExit) as exc:
-        demo.main(["--n-samples", "10"])
+        demo.main(argv)
     assert exc.value.code == 2
-    assert "--n-samples must be at least 100" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(cuda_device_count() > 0, reason="a usable GPU is present")

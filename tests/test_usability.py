@@ -423,3 +423,15 @@ def test_scikit_learn_logistic_regression_code_runs_unchanged():
             GPULogisticRegression(solver=solver, device="cpu").fit(X, y)
     with pytest.raises(ValueError, match="primal problem .* Leave dual=False"):
         GPULogisticRegression(dual=True, device="cpu").fit(X, y)
+
+
+def test_dask_estimator_without_distributed_says_what_to_install(monkeypatch):
+    """``sklearn_cuwide.dask`` without its extra installed: the fit names
+    the extra to install, not a bare ModuleNotFoundError."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "distributed", None)  # its import fails
+    from sklearn_cuwide.dask._data import get_client
+
+    with pytest.raises(ImportError, match=r"pip install 'sklearn-cuwide\[dask\]'"):
+        get_client(None, "GPULogisticRegression")

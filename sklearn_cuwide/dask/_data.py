@@ -21,7 +21,13 @@ def get_client(client, estimator_name):
     """``client``, or the current ``dask.distributed`` client, or a clear error."""
     if client is not None:
         return client
-    from distributed import default_client
+    try:
+        from distributed import default_client
+    except ImportError as e:  # the package installed without its dask extra
+        raise ImportError(
+            f"{estimator_name} needs dask.distributed, which is not installed: "
+            "pip install 'sklearn-cuwide[dask]'."
+        ) from e
 
     try:
         return default_client()
