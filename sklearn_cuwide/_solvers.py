@@ -143,7 +143,7 @@ def fit_lbfgs_linear(
     x = np.asarray(backend.to_host(x))
     progress.stage(_stage_name(backend, "coefficients back"))
     return _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve,
-                         mean_weight=S / max(n, 1))
+                         mean_weight=S / max(n, 1), C=C)
 
 
 #: mean sample weights beyond these make the penalty's share of the
@@ -152,12 +152,13 @@ _WEIGHT_RANGE = (1e-6, 1e6)
 
 
 def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curve,
-                  mean_weight=1.0):
+                  mean_weight=1.0, C=1.0):
     """``(coef, intercept, n_iter, curve)`` of an L-BFGS solution ``x``
     (numpy): non-finite coefficients raise, a fit that did not converge warns
     (``ConvergenceWarning``, saying why and what to do), as scikit-learn's.
-    ``mean_weight``: the sample weights' mean (a cause the warning names
-    when it is far from 1)."""
+    ``mean_weight``: the sample weights' mean, and ``C``: causes the warning
+    names when the first is far from 1, or their product far below it (the
+    penalty's weight per row then dwarfs the loss's)."""
     if not np.isfinite(x).all():
         raise ValueError(
             f"lbfgs produced non-finite coefficients after {n_iter} iteration(s); "
@@ -176,6 +177,9 @@ def _lbfgs_result(x, d, D, fit_intercept, n_iter, converged, max_iter, tol, curv
                          f"penalty's share of the objective extreme: multiply them by a "
                          f"common factor k near {1 / mean_weight:.3g} and divide C by k "
                          f"(the same model)")
+            elif C * mean_weight < lo:
+                cause = (f"C={C:.3g} makes the penalty's share of the objective extreme "
+                         f"(the coefficients' optimum is all but 0): increase C")
             else:
                 cause = f"This happens when X holds very large values: {_SCALE_HINT}"
             why = ("(the line search found no step that lowers the objective"
@@ -615,4 +619,4 @@ def fit_lbfgs_summed(
         callback=cb,
     )
     return _lbfgs_result(np.asarray(x), d, D, fit_intercept, n_iter, converged, max_iter,
-                         tol, curve, mean_weight=total_weight / max(n_samples, 1))
+                         tol, curve, mean_weight=total_weight / max(n_samples, 1), C=C)

@@ -442,6 +442,26 @@ def test_lbfgs_line_search_failure_from_tiny_weights_names_the_weights():
                         and "large values" not in m for m in msgs)
 
 
+def test_lbfgs_line_search_failure_from_a_tiny_c_names_c():
+    """A C of 1e-30 (weights of 1): the penalty dwarfs the loss, the line
+    search fails at once, and the ConvergenceWarning names C, not X's
+    values (scikit-learn's fit gives the same zero coefficients)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    rng = np.random.default_rng(0)
+    X = sp.random(500, 30, density=0.2, format="csr", random_state=0)
+    y = rng.integers(0, 2, 500)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est = GPULogisticRegression(C=1e-30, device="cpu").fit(X, y)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, ConvergenceWarning)]
+    assert msgs and all("C=1e-30 makes the penalty's share" in m and "increase C" in m
+                        and "large values" not in m for m in msgs)
+    assert_allclose(est.coef_, 0.0, atol=1e-12)
+
+
 @pytest.mark.parametrize("n_classes", [2, 3])
 def test_cpu_lbfgs_on_dense_input_keeps_it_dense_and_fits_the_csr_model(n_classes,
                                                                        monkeypatch):
