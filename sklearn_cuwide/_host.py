@@ -13,7 +13,8 @@ several GB.
 import numpy as np
 import scipy.sparse as sp
 
-from ._validation import HOST_THREADS, host_pool
+from ._validation import HOST_THREADS, host_pool, host_reduce
+from ._validation import holds_zero as _holds_zero
 
 try:  # scipy's one-pass check behind ``has_canonical_format`` (private, stable for years)
     from scipy.sparse._sparsetools import csr_has_canonical_format as _csr_canonical
@@ -124,6 +125,11 @@ def all_finite(a):
         return bool(np.isfinite(a))
     return all(_each(lambda s, e: bool(np.isfinite(a[s:e]).all()),
                      _runs(a.shape[0], a.nbytes)))
+
+
+def holds_zero(a):
+    """Whether ``a`` holds a value equal to 0 (its pieces on every core)."""
+    return host_reduce(_holds_zero, np.asarray(a).reshape(-1), any)
 
 
 def fill_rows(a, value):

@@ -549,8 +549,7 @@ def keyed_permutation(n, random_state, count=None):
     if n <= 1 or count == 0:
         out[:] = np.arange(count)
         return out
-    table, mask, shift = permutation_keys(n, random_state)
-    keys = [(k, m) for k, m in table]
+    keys, mask, shift = permutation_keys(n, random_state)
     limit = np.uint64(n)
 
     def run(start, stop):

@@ -24,7 +24,6 @@ from ._out_of_core import state_row_bytes
 from ._solvers import _SCALE_HINT, fit_minibatch
 from ._sparse import canonical_csr, held_columns, with_columns
 from ._state import FitProgress, ModelState
-from ._validation import holds_zero, host_reduce
 from ._warn import warn
 
 __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_validation",
@@ -616,7 +615,7 @@ def stored_zero_rows(X, backend):
         none = not backend.holds_zero(X.data)
     else:
         xp = np
-        none = not host_reduce(holds_zero, np.asarray(X.data).reshape(-1), any)
+        none = not _host.holds_zero(X.data)
     if none:
         return xp, None
     return xp, xp.searchsorted(X.indptr, xp.flatnonzero(X.data == 0), side="right") - 1

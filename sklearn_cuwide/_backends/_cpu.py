@@ -27,8 +27,7 @@ from .._layout import penalty_scale
 from .._loss import pointwise_loss, weighted_loss as _weighted_loss
 from .._state import draw_factors as _draw_factors
 from .._sparse import canonical_csr, held_columns, with_columns
-from .._validation import check_sparse_structure, host_reduce
-from .._validation import holds_zero as _holds_zero
+from .._validation import check_sparse_structure
 
 name = "cpu"
 xp = np
@@ -50,7 +49,7 @@ def all_finite(a):
 
 def holds_zero(a):
     """Whether ``a`` holds a value equal to 0 (on every core)."""
-    return host_reduce(_holds_zero, np.asarray(a).reshape(-1), any)
+    return _host.holds_zero(a)
 
 
 def tile_shape(params, n_outputs, n_factors, batch_size, workers=None):

@@ -64,7 +64,8 @@ stage_names = {}  # the copies' own names
 __all__ = [
     "name", "xp", "stage_names", "use_device", "device_scope", "device_memory", "holds",
     "tile_shape", "concurrent_blocks", "free_memory",
-    "to_device", "to_host", "all_finite", "holds_zero", "synchronize", "put_csr", "csr_in_layout_order",
+    "to_device", "to_host", "all_finite", "holds_zero", "synchronize", "put_csr",
+    "csr_in_layout_order",
     "take_rows",
     "put_state", "get_state",
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
