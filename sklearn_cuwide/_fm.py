@@ -7,7 +7,6 @@ from numbers import Integral, Real
 import numpy as np
 from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
-from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._backends import _cpu
@@ -42,6 +41,7 @@ from ._minibatch import (
 )
 from ._penalty_choice import (
     PENALTY_MULTIPLIERS,
+    choice_seeds,
     choose_among_fits,
     choose_penalty_multiplier,
     penalty_choice_mode,
@@ -385,15 +385,9 @@ class _BaseFM(_CuWideEstimator):
         return m, chosen
 
     def _choice_seeds(self):
-        """``(split_seed, fit_seed)``: the choice's fits share ``fit_seed``
-        (``random_state`` itself when it is an int), so that they differ by
-        their penalty alone."""
-        rs = self.random_state
-        if isinstance(rs, Integral):
-            return check_random_state(rs).randint(np.iinfo(np.int32).max), rs
-        gen = check_random_state(rs)
-        split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
-        return split_seed, fit_seed
+        """:func:`~sklearn_cuwide._penalty_choice.choice_seeds` of
+        ``random_state``: the choice's fits differ by their penalty alone."""
+        return choice_seeds(self.random_state)
 
     def _choose_penalty(self, X, target, sw, y_idx, backend, progress=None):
         """The multiplier of both "auto" penalties for a small fit

@@ -1,6 +1,7 @@
 """GPULogisticRegression: a drop-in for scikit-learn's LogisticRegression."""
 
 import math
+from dataclasses import replace
 from functools import update_wrapper
 from numbers import Integral, Real
 
@@ -35,12 +36,20 @@ from ._minibatch import (
     restore_accumulators,
     validation_attrs,
 )
+from ._penalty_choice import C_CHOICES, c_choice_mode, choice_seeds, choose_among_fits
+from ._penalty_choice import choose_penalty_multiplier
 from ._solvers import fit_lbfgs_linear
 from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams
 from ._warn import warn
 
 __all__ = ["GPULogisticRegression"]
+
+def _choice_part(progress, c):
+    """The log of the ``C`` choice's fit at ``c``: a part of the fit's own
+    (its lines marked with ``c``), or silent without one."""
+    return FitProgress(0) if progress is None else progress.part(f"[C {c:g}] ")
+
 
 def _is_minibatch(est):
     return est.solver != "lbfgs"
@@ -123,8 +132,17 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         leave it alone and use ``l1_ratio`` and ``C`` (``C=np.inf`` for no
         penalty).  When given it wins over ``l1_ratio`` (``"elasticnet"``
         uses ``l1_ratio``) and a ``FutureWarning`` is issued.
-    C : float, default=1.0
+    C : float or "auto", default="auto"
         Inverse of the regularisation strength; ``np.inf`` for none.
+        ``"auto"``: scikit-learn's 1.0 for ``"lbfgs"`` (the same objective as
+        scikit-learn's ``LogisticRegression()``); for the mini-batch solvers,
+        a binary fit of 2,000 to 100,000 rows with ``early_stopping="auto"``
+        chooses it among 0.03, 0.1, 0.3, 1, 3, 10 and 30 by held-out log
+        loss, as the factorization machine chooses its penalty: on a fifth
+        of its rows held out below 10,000 rows (then the fit of all rows),
+        else on early stopping's validation split, the best of the seven fits
+        kept; other mini-batch fits take 1.0 (the defaults study,
+        :doc:`/design/defaults`).  ``C_`` is the value used.
     l1_ratio : float in [0, 1], default=0.0
         Elastic-net mixing: 0 is L2, 1 is L1.  The L1 part needs a mini-batch
         solver (proximal steps); ``"lbfgs"`` raises a ``ValueError`` as
@@ -227,6 +245,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         Coefficients (one row for a binary problem, for ``classes_[1]``).
     intercept_ : ndarray of shape (1,) or (n_classes,), float32
         Intercepts (zeros when ``fit_intercept=False``).
+    C_ : float
+        The ``C`` the fit used (``C`` itself, or the one ``"auto"`` gave).
     n_iter_ : ndarray of shape (1,)
         L-BFGS iterations, or epochs run by a mini-batch solver.
     loss_curve_ : list of float
@@ -272,7 +292,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             None,
             Hidden(StrOptions({"deprecated"})),
         ],
-        "C": [Interval(Real, 0, None, closed="right")],
+        "C": [Interval(Real, 0, None, closed="right"), StrOptions({"auto"})],
         "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
         "class_weight": [dict, StrOptions({"balanced"}), None],
         "tol": [Interval(Real, 0, None, closed="left"), None],
@@ -290,7 +310,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self,
         penalty="deprecated",
         *,
-        C=1.0,
+        C="auto",
         l1_ratio=0.0,
         fit_intercept=True,
         class_weight=None,
@@ -339,8 +359,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     # parameters
     # ------------------------------------------------------------------
     def _regularization(self):
-        """``(C, l1_ratio)`` after resolving ``penalty`` as scikit-learn does."""
-        C, l1_ratio = float(self.C), self.l1_ratio
+        """``(C, l1_ratio)`` after resolving ``penalty`` as scikit-learn does
+        (``C="auto"`` as 1.0: :meth:`_chosen_minibatch_attrs` may choose
+        another)."""
+        C = 1.0 if isinstance(self.C, str) else float(self.C)
+        l1_ratio = self.l1_ratio
         if self.penalty == "deprecated":
             if l1_ratio is None:
                 warn(
@@ -401,18 +424,82 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes)
+            C = self._continued_c(C, warm)
             if self.solver == "lbfgs":
                 fitted = self._lbfgs_attrs(X, y_idx, sw, C, backend, warm, classes,
                                            progress)
-                results = None
+                fitted["C_"], results = C, None
             else:
-                fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend,
-                                                        warm, classes, partial=False,
-                                                        progress=progress)
+                fitted, results = self._chosen_minibatch_attrs(
+                    X, y_idx, sw, C, l1_ratio, backend, warm, classes, progress)
             commit(self, {"classes_": classes, "device_": device_, **fitted})
             self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
+
+    def _continued_c(self, C, warm):
+        """``C``, or where ``C="auto"`` continues a fitted model (``warm``:
+        ``warm_start`` or ``partial_fit``) the ``C_`` it was fitted with: a
+        continued fit keeps its objective."""
+        if warm is not None and isinstance(self.C, str) and hasattr(self, "C_"):
+            return float(self.C_)
+        return C
+
+    def _chosen_minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes,
+                                progress):
+        """``(fitted, results)`` of a mini-batch ``fit``, ``C_`` among them:
+        at ``C``, or at the ``C`` that ``C="auto"`` chooses
+        (:func:`~sklearn_cuwide._penalty_choice.c_choice_mode`), by the fits
+        of :meth:`_minibatch_attrs`, which share one seed."""
+        D = 1 if classes.size == 2 else classes.size
+        mode = None
+        if math.isfinite(C):  # penalty=None (C = inf) has nothing to choose
+            mode = c_choice_mode(self.C, self.solver, self.early_stopping, y_idx, D, warm)
+        if mode is None:
+            fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
+                                                    classes, partial=False,
+                                                    progress=progress)
+            fitted["C_"] = C
+            return fitted, results
+        split_seed, fit_seed = choice_seeds(self.random_state)
+
+        def fit(Xs, yi, s, c, part=True):
+            return self._minibatch_attrs(
+                Xs, yi, s, c, l1_ratio, backend, None, classes, partial=False,
+                progress=_choice_part(progress, c) if part else progress,
+                random_state=fit_seed)
+
+        if mode == "held_out":
+            def fit_part(Xs, t, s, strat, c):
+                fitted, _ = fit(Xs, np.asarray(t, dtype=np.intp), s, c)
+                return fitted
+
+            def decision(Xs, fitted):
+                Xs = Xs.get() if hasattr(Xs, "get") else Xs  # a cupyx matrix's rows
+                return Xs @ fitted["coef_"][0].astype(np.float64) + fitted["intercept_"][0]
+
+            C, _ = choose_penalty_multiplier(
+                fit_part, decision, X, np.asarray(y_idx, dtype=np.float64), sw, y_idx,
+                split_seed, backend, progress, loss="logistic", values=C_CHOICES, name="C")
+            fitted, results = fit(X, y_idx, sw, C, part=False)
+        else:
+            def fit_all(c):
+                fitted, results = fit(X, y_idx, sw, c)
+                r = results[0]
+                if not r.validation_curve:  # a split without weight on a side
+                    return (fitted, results), float("inf"), "(no validation split)"
+                kept = r.best_iteration if r.best_iteration else len(r.validation_curve)
+                if c != C_CHOICES[-1]:  # it may be held while the next fits run
+                    results = [q.on_host() for q in results]
+                return ((fitted, results), r.validation_curve[kept - 1],
+                        f"at epoch {kept} of {r.n_iter}")
+
+            C, (fitted, results), _ = choose_among_fits(fit_all, progress, values=C_CHOICES,
+                                                         name="C")
+        if progress is not None:
+            progress.stage(f"C choice (C {C:g})")
+        fitted["C_"] = C
+        return fitted, results
 
     def _check_solver_options(self, C, l1_ratio):
         """The parameters the chosen solver cannot honour: an error that says
@@ -494,8 +581,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             sw = self._weights(classes, y, sw, sample_weight)
             progress.stage("input checks")
             warm = self._warm_arrays(X.shape[1], classes, force=True)
+            C = self._continued_c(C, warm)
             fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
                                                     classes, partial=True, progress=progress)
+            fitted["C_"] = C
             commit(self, {"device_": device_, **fitted})
             self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
@@ -554,9 +643,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         }
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
-                         partial, progress=None):
+                         partial, progress=None, random_state=None):
         """``(fitted, results)``: the fitted attributes of a mini-batch fit (a
-        dict; nothing is set) and its :class:`~sklearn_cuwide._minibatch.HeadResult` list."""
+        dict; nothing is set) and its :class:`~sklearn_cuwide._minibatch.HeadResult` list.
+        ``random_state``: in place of the estimator's (a choice's shared seed)."""
         n_features = X.shape[1]
         D = 1 if classes.size == 2 else classes.size
         loss = "logistic" if D == 1 else "multinomial"
@@ -593,8 +683,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             state.w[:] = np.asarray(warm[0]).T
             state.b[:] = warm[1]
             warm_states = [restore_accumulators(state, warm[2])]
+        schedule = _schedule(self, partial=partial)
+        if random_state is not None:
+            schedule = replace(schedule, random_state=random_state)
         (res,) = fit_heads(
-            X, [y_idx], sw, backend=backend, schedule=_schedule(self, partial=partial),
+            X, [y_idx], sw, backend=backend, schedule=schedule,
             n_outputs=D, n_factors=0, make_params=make_params, init_state=init_state,
             warm=warm_states, stratify=y_idx, progress=progress, partial=partial,
         )

@@ -29,21 +29,27 @@ mean exactly what the final fit's does.
 
 import time
 import warnings
+from numbers import Integral
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
 
 from ._loss import pointwise_loss
 from ._minibatch import EARLY_STOPPING_AUTO_MIN_SAMPLES, _take_rows, _validation_split
 from ._sparse import canonical_csr
 from ._warn import warn
 
-__all__ = ["PENALTY_MULTIPLIERS", "CHOICE_FRACTION", "MIN_ROWS", "MAX_ROWS",
-           "penalty_choice_mode", "penalty_choice_applies", "choose_penalty_multiplier",
-           "choose_among_fits"]
+__all__ = ["PENALTY_MULTIPLIERS", "C_CHOICES", "CHOICE_FRACTION", "MIN_ROWS", "MAX_ROWS",
+           "penalty_choice_mode", "penalty_choice_applies", "c_choice_mode", "choice_seeds",
+           "choose_penalty_multiplier", "choose_among_fits"]
 
 #: the multipliers of both "auto" penalties a fit chooses among
 PENALTY_MULTIPLIERS = (1.0, 3.0, 10.0, 30.0)
+#: the ``C`` of a mini-batch logistic regression's ``C="auto"`` chooses
+#: among, in the same two ways (half decades about scikit-learn's 1: the
+#: defaults study's best ``C`` ranged from 0.03 to 100, docs/design/defaults.rst)
+C_CHOICES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 #: the share of the training rows held out to choose on
 CHOICE_FRACTION = 0.2
 #: rows of each class the choice needs (on both sides of its split)
@@ -84,11 +90,36 @@ def penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads, warm,
     return "held_out" if n < EARLY_STOPPING_AUTO_MIN_SAMPLES else "validation"
 
 
+def c_choice_mode(C, solver, early_stopping, stratify, n_heads, warm):
+    """How a logistic regression's ``C="auto"`` is chosen (the modes of
+    :func:`penalty_choice_mode`, among :data:`C_CHOICES`), or None, where
+    it is scikit-learn's 1: the L-BFGS solver (the drop-in's: its
+    objective is scikit-learn's), a ``C`` given, or a fit the FM's rule
+    would not choose for (one binary head, fresh, ``early_stopping="auto"``,
+    :data:`MIN_ROWS` to :data:`MAX_ROWS` rows, each class of
+    :data:`MIN_CLASS_ROWS`)."""
+    if not (isinstance(C, str) and C == "auto") or solver == "lbfgs":
+        return None
+    return penalty_choice_mode("auto", "auto", early_stopping, stratify, n_heads, warm)
+
+
 def penalty_choice_applies(alpha, beta, early_stopping, stratify, n_heads, warm,
                            n_samples=None):
     """Whether a fit chooses its penalty multiplier (:func:`penalty_choice_mode`)."""
     return penalty_choice_mode(alpha, beta, early_stopping, stratify, n_heads,
                                warm, n_samples) is not None
+
+
+def choice_seeds(random_state):
+    """``(split_seed, fit_seed)`` of a choice: its fits share ``fit_seed``
+    (``random_state`` itself when it is an int, so that the fit kept is the
+    one a given value would make), so that they differ by the candidate
+    alone."""
+    if isinstance(random_state, Integral):
+        return check_random_state(random_state).randint(np.iinfo(np.int32).max), random_state
+    gen = check_random_state(random_state)
+    split_seed, fit_seed = (int(v) for v in gen.randint(np.iinfo(np.int32).max, size=2))
+    return split_seed, fit_seed
 
 
 def _held_out_loss(t, z, sw, loss="logistic"):
@@ -106,7 +137,8 @@ _LOSS_WORDS = {"logistic": "log loss", "squared": "squared error"}
 
 
 def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, backend,
-                              progress=None, loss="logistic"):
+                              progress=None, loss="logistic", values=PENALTY_MULTIPLIERS,
+                              name="Penalty multiplier"):
     """``(m, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS` whose
     fit on four fifths of the rows has the least held-out ``loss`` (the
     first such), and each one's loss.  ``progress``: the fit's log, which
@@ -117,25 +149,28 @@ def choose_penalty_multiplier(fit, decision, X, target, sw, stratify, seed, back
     ``decision(X, state)``: its decision values of ``X`` (host).  The split
     is stratified on ``stratify`` with ``seed`` (None: a plain random
     fifth); the fits' warnings (each trains to ``max_iter`` or the
-    training-loss rule) are the final fit's to give, not theirs."""
+    training-loss rule) are the final fit's to give, not theirs.
+    ``values``, ``name``: the candidates (another parameter's, e.g.
+    :data:`C_CHOICES`) and their name in the log."""
     X = canonical_csr(X)  # rows are taken of a CSR (a COO matrix has none)
     tr, va = _validation_split(target.shape[0], CHOICE_FRACTION, stratify, seed)
     Xt, Xv = _take_rows(X, tr, backend), _take_rows(X, va, backend)
     losses = []
-    for m in PENALTY_MULTIPLIERS:
+    for m in values:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             state = fit(Xt, target[tr], sw[tr], None if stratify is None else stratify[tr], m)
         losses.append(_held_out_loss(target[va], decision(Xv, state), sw[va], loss))
         if progress is not None:
-            progress.note(f"Penalty multiplier {m:g}: held-out {_LOSS_WORDS[loss]} "
+            progress.note(f"{name} {m:g}: held-out {_LOSS_WORDS[loss]} "
                           f"{progress.loss(losses[-1]):.6f} (fit of {tr.size:,} rows in "
                           f"{time.perf_counter() - t0:.3f} s)")
-    return PENALTY_MULTIPLIERS[int(np.argmin(losses))], losses
+    return values[int(np.argmin(losses))], losses
 
 
-def choose_among_fits(fit, progress=None):
+def choose_among_fits(fit, progress=None, values=PENALTY_MULTIPLIERS,
+                      name="Penalty multiplier"):
     """``(m, result, losses)``: the multiplier of :data:`PENALTY_MULTIPLIERS`
     whose fit has the least validation loss (the first such), that fit's
     result, and each one's loss.
@@ -147,10 +182,11 @@ def choose_among_fits(fit, progress=None):
     once it is known, attributed to the user's call as the package's
     warnings are (so that the user's filters apply); the others' are
     dropped; any other warning is given as it comes.  ``progress``: the
-    fit's log, which gets one line per multiplier."""
+    fit's log, which gets one line per multiplier.  ``values``, ``name``: as
+    :func:`choose_penalty_multiplier`'s."""
     best = None
     losses = []
-    for m in PENALTY_MULTIPLIERS:
+    for m in values:
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -164,7 +200,7 @@ def choose_among_fits(fit, progress=None):
             best = (m, result, losses[-1], own)
         result = caught = own = None  # only the best fit's model stays
         if progress is not None:
-            progress.note(f"Penalty multiplier {m:g}: validation loss "
+            progress.note(f"{name} {m:g}: validation loss "
                           f"{progress.loss(losses[-1]):.6f} "
                           f"{kept} (fit in {time.perf_counter() - t0:.3f} s)")
     m, result, _, own = best

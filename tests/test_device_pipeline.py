@@ -528,7 +528,8 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     monkeypatch.setattr(_cpu, "build_layout", build)
     X = _problem(np.random.default_rng(7), n=12_000, d=300)
     y = np.random.default_rng(8).integers(0, 2, X.shape[0])
-    GPULogisticRegression(solver="adagrad", max_iter=2, tol=None, device="cpu",
+    # C given: one fit (C="auto" would choose among seven)
+    GPULogisticRegression(solver="adagrad", C=1.0, max_iter=2, tol=None, device="cpu",
                           random_state=0).fit(X, y)
     # early stopping from 10,000 rows: the rows laid out are the training rows
     assert built == [handles[0]] and handles[0].closed
@@ -542,7 +543,8 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
 
     monkeypatch.setattr(_cpu, "build_layout", fail)
     with pytest.raises(RuntimeError, match="the build failed"):
-        GPULogisticRegression(solver="adagrad", max_iter=2, tol=None, device="cpu").fit(X, y)
+        GPULogisticRegression(solver="adagrad", C=1.0, max_iter=2, tol=None,
+                              device="cpu").fit(X, y)
     assert len(handles) == 2 and handles[1].closed
 
 

@@ -532,3 +532,84 @@ def test_no_gpu_error_says_why(monkeypatch, count, said):
             _device.resolve_device("cuda")
     finally:
         _device._usable_devices.cache_clear()
+
+
+# --------------------------------------------------------------------------
+# C="auto": scikit-learn's 1 for lbfgs, a held-out choice for the mini-batch
+# solvers (docs/design/defaults.rst)
+# --------------------------------------------------------------------------
+def _choice_data(n, n_classes=2):
+    from sklearn_cuwide.datasets import make_ctr_classification
+
+    X, y = make_ctr_classification(n_samples=n, n_features=2**11, n_fields=8, n_numeric=2,
+                                   random_state=3)
+    if n_classes > 2:
+        y = y + (np.arange(n) % n_classes == 0)  # a third class
+    return X, y
+
+
+def test_c_auto_with_lbfgs_is_sklearns_one():
+    X, y = _choice_data(3000)
+    auto = GPULogisticRegression(device="cpu").fit(X, y)
+    one = GPULogisticRegression(C=1.0, device="cpu").fit(X, y)
+    assert GPULogisticRegression().C == "auto" and auto.C_ == 1.0
+    assert_array_equal(auto.coef_, one.coef_)
+
+
+@pytest.mark.parametrize("n, mode", [(5000, "held-out"), (20000, "validation")])
+@pytest.mark.parametrize("solver", ["adagrad", "sgd"])
+def test_c_auto_chooses_by_held_out_loss_and_keeps_that_fit(n, mode, solver):
+    """The chosen C has the least held-out (or validation) log loss of the
+    seven the log lists, and the model is the fit at that C with the same
+    random_state, bit for bit."""
+    import contextlib
+    import io
+    import re
+
+    from sklearn_cuwide._penalty_choice import C_CHOICES
+
+    X, y = _choice_data(n)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        est = GPULogisticRegression(solver=solver, device="cpu", random_state=4,
+                                    verbose=1).fit(X, y)
+    word = "held-out log loss" if mode == "held-out" else "validation loss"
+    losses = {float(c): float(v) for c, v in
+              re.findall(rf"^C (\S+): {word} (\S+)", out.getvalue(), flags=re.M)}
+    assert sorted(losses) == sorted(C_CHOICES)
+    assert est.C_ == min(losses, key=losses.get)
+    given = GPULogisticRegression(solver=solver, C=est.C_, device="cpu",
+                                  random_state=4).fit(X, y)
+    assert_array_equal(est.coef_, given.coef_)
+    assert_array_equal(est.intercept_, given.intercept_)
+
+
+@pytest.mark.parametrize("case", ["few rows", "multiclass", "no early stopping", "C given",
+                                  "no penalty"])
+def test_c_auto_where_nothing_is_chosen(case):
+    X, y = _choice_data(1500 if case == "few rows" else 4000,
+                        n_classes=3 if case == "multiclass" else 2)
+    kw = dict(solver="adagrad", device="cpu", random_state=0)
+    if case == "no early stopping":
+        kw["early_stopping"] = False
+    if case == "C given":
+        kw["C"] = 0.3
+    if case == "no penalty":
+        kw["C"] = np.inf
+    est = GPULogisticRegression(**kw).fit(X, y)
+    want = {"C given": 0.3, "no penalty": np.inf}.get(case, 1.0)
+    assert est.C_ == want
+    ref = GPULogisticRegression(**{**kw, "C": want}).fit(X, y)
+    assert_array_equal(est.coef_, ref.coef_)
+
+
+def test_c_auto_is_kept_by_a_continued_fit():
+    """warm_start and partial_fit continue the objective the fit chose."""
+    X, y = _choice_data(5000)
+    est = GPULogisticRegression(solver="adagrad", device="cpu", random_state=0).fit(X, y)
+    assert est.C_ != 1.0  # this data's choice is another C
+    chosen = est.C_
+    est.set_params(warm_start=True).fit(X, y)
+    assert est.C_ == chosen
+    est.partial_fit(X[:500], y[:500])
+    assert est.C_ == chosen

@@ -404,7 +404,10 @@ _DOC = """{summary}
     ``warm_start`` and ``early_stopping`` are not supported:
     ``early_stopping="auto"`` (the default) is read as off whatever the
     number of rows (the partitions hold no validation split), and
-    ``early_stopping=True`` or ``warm_start=True`` raises.  A fit sets
+    ``early_stopping=True`` or ``warm_start=True`` raises; so the choices
+    a single-process fit makes on held-out rows are not made (the FM's
+    penalty multiplier is 1, the logistic regression's ``C="auto"`` is
+    1).  A fit sets
     the fitted attributes of :class:`sklearn_cuwide.{name}` (``coef_``,
     ...), which :meth:`to_local`'s estimator holds too.  See :doc:`/dask`.
 
@@ -469,7 +472,7 @@ class GPULogisticRegression(_DaskClassifier):
                 n_outputs=D, n_rows=n_rows, total_weight=S, C=C,
                 fit_intercept=self.fit_intercept, max_iter=self.max_iter, tol=self.tol,
                 progress=progress)
-            return {"classes_": classes,
+            return {"classes_": classes, "C_": C,
                     "coef_": np.asarray(coef, dtype=COMPUTE_DTYPE),
                     "intercept_": np.asarray(intercept, dtype=COMPUTE_DTYPE),
                     "n_iter_": np.array([n_iter], dtype=np.int32),
@@ -492,8 +495,9 @@ class GPULogisticRegression(_DaskClassifier):
             params_kw=dict(l2_w=l2_w, l1=l1, penalty_scaled=True), loss=loss,
             model="linear", n_outputs=D, n_factors=0, states=states, heads=[None],
             progress=progress)
+        # C="auto" is 1 here: the held-out choice is a single process's
         return {
-            "classes_": classes,
+            "classes_": classes, "C_": C,
             "coef_": np.ascontiguousarray(res.state.w.T, dtype=COMPUTE_DTYPE),
             "intercept_": (np.array(res.state.b, dtype=COMPUTE_DTYPE)
                            if self.fit_intercept else np.zeros(D, dtype=COMPUTE_DTYPE)),
