@@ -499,7 +499,8 @@ def test_gpu_first_epoch_line_reports_the_kernels(capsys, monkeypatch):
     monkeypatch.setattr(_kernels, "_module_kernels", slower)
     X, y = make_ctr_classification(n_samples=5_000, n_features=2**14, random_state=1)[:2]
     _kernels._CACHE.clear()
-    GPULogisticRegression(solver="sgd", max_iter=2, tol=0.0, verbose=1, random_state=0,
+    # C fixed: with C="auto" the choice's fits would wait for the kernels first
+    GPULogisticRegression(solver="sgd", C=1.0, max_iter=2, tol=0.0, verbose=1, random_state=0,
                           device="cuda").fit(X, y)
     lines = capsys.readouterr().out.splitlines()
     epochs = [ln for ln in lines if ln.startswith("Epoch")]
