@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -24,7 +25,13 @@ from sklearn.utils.multiclass import (
     check_classification_targets,
     unique_labels,
 )
-from sklearn.utils.validation import _check_sample_weight, _check_y, check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    _check_y,
+    check_array,
+    check_is_fitted,
+    validate_data,
+)
 
 from . import _device, _memory
 from ._backends import get_backend
@@ -33,7 +40,13 @@ from ._minibatch import COMPUTE_DTYPE, Schedule, penalty_is_scaled, uses_validat
 from ._out_of_core import decision_function_out_of_core
 from ._sparse import canonical_csr
 from ._state import StepParams
-from ._validation import F32_MAX, check_float32_range, check_sparse_structure, scan_values
+from ._validation import (
+    F32_MAX,
+    check_float32_range,
+    check_sparse_structure,
+    indices_out_of_range,
+    scan_values,
+)
 
 __all__ = []
 
@@ -95,8 +108,78 @@ def _checked_host_X(X):
     return X
 
 
+#: a host CSR matrix of at least this many stored entries, fitted on a GPU,
+#: has its values and indices checked there (:class:`DeferredScans`)
+DEVICE_SCAN_MIN_NNZ = 1 << 22
+
+
+class DeferredScans:
+    """The passes over the nonzeros of a host CSR matrix ``X`` that a fit on
+    a GPU makes on the copy it uploads: every index in ``[0, n_features)``,
+    every value finite and, for float64, within float32's range.
+
+    Rule: the fit that takes one (:func:`_check_fit_data` with
+    ``defer_scans``) calls :meth:`on_device` with the arrays it uploaded, or
+    :meth:`on_host`, before anything reads ``X``'s values or indices but
+    those copies (and scipy's sort of a row's indices, which compares them
+    only); either raises the host checks' errors word for word, since a
+    fault the device finds is then named by the host's checks of the user's
+    matrix.  Why: on the host they are two passes over every nonzero on the
+    fit's critical path (27 ms for 156M nonzeros on eight threads), on the
+    device two reductions of the copy the fit makes anyway.  Faults found
+    here are found after ``y`` and ``sample_weight`` were checked.
+    """
+
+    def __init__(self, est, X):
+        self.est, self.X = est, X
+
+    def on_host(self):
+        """The checks on the host (the eager ones, same order)."""
+        X = self.X
+        check_sparse_structure(X)
+        finite, top = scan_values(X)
+        if not finite:  # scikit-learn's own check words the error
+            check_array(X, accept_sparse=ACCEPT_SPARSE, dtype=DTYPES,
+                        accept_large_sparse=True, ensure_all_finite=True,
+                        estimator=self.est, input_name="X")
+        check_float32_range(X, top=top)
+
+    def on_device(self, backend, indices, data):
+        """The checks of ``X``'s nonzeros uploaded to ``backend`` (its
+        ``indices`` and ``data``, in any row order); a fault they find is
+        raised by :meth:`on_host`."""
+        xp = backend.xp
+        ok = (not indices_out_of_range(xp, indices, self.X.shape[1])
+              and (data.size == 0 or backend.all_finite(data)))
+        if ok and data.dtype == np.float64 and data.size:
+            ok = max(float(data.max()), -float(data.min())) <= F32_MAX
+        if not ok:
+            self.on_host()
+
+
+def _scans_on_device(backend):
+    """Whether ``backend``'s arrays live apart from the host's (a device
+    copy of the input is made anyway)."""
+    return backend.xp is not np
+
+
+def _deferred_scans(est, X, backend):
+    """A :class:`DeferredScans` of ``X`` where its fit on ``backend`` makes
+    them on the device (a scipy CSR matrix of float32 or float64 values and
+    at least :data:`DEVICE_SCAN_MIN_NNZ` stored entries, a backend whose
+    arrays are not numpy's; its structure but the indices' range checked
+    here), else None."""
+    if (not _scans_on_device(backend) or not sp.issparse(X) or X.format != "csr"
+            or X.dtype not in DTYPES):
+        return None
+    check_sparse_structure(X, index_range=False)  # then indptr[-1] is the nnz
+    if int(X.indptr[-1]) < DEVICE_SCAN_MIN_NNZ:
+        return None
+    return DeferredScans(est, X)
+
+
 def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=False,
-                    plan=True):
+                    plan=True, defer_scans=False):
     """Validate ``X``, ``y`` and ``sample_weight`` for fit / partial_fit.
 
     Returns ``X`` (sparse or dense, float32 or float64), ``y`` (1-D numpy)
@@ -119,7 +202,13 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
     ``plan``: plan the fit's memory here (:func:`_plan_fit`); a classifier's
     ``fit`` plans once it has encoded its classes, which it then does not
     count again.
+
+    ``defer_scans``: a fit that uploads ``X`` whole may take the passes over
+    its nonzeros on the device: then returns ``(X, y, sw, scans)``, ``scans``
+    a :class:`DeferredScans` to run before anything reads ``X``'s values or
+    indices (None where they ran here).
     """
+    deferred = None
     if backend.holds(X):
         X = backend.validate_input(X, estimator_name=type(est).__name__)
         y = _to_host_if_cupy(y)
@@ -136,8 +225,13 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         # sample weights only need the number of rows of X
         sw_like = np.empty((X.shape[0], 0))
     else:
-        X, y = _checked_host_X(X), _to_host_if_cupy(y)
-        finite, top = scan_values(X)  # one pass: finite, and within float32's range
+        deferred = _deferred_scans(est, X, backend) if defer_scans else None
+        y = _to_host_if_cupy(y)
+        if deferred is None:
+            X = _checked_host_X(X)
+            finite, top = scan_values(X)  # one pass: finite, and within float32's range
+        else:  # the indices and values are checked on the device copy
+            finite, top = True, 0.0
         X, y = validate_data(
             est,
             X,
@@ -168,6 +262,8 @@ def _check_fit_data(est, X, y, sample_weight, *, backend, reset=True, y_numeric=
         )
     if plan:
         _plan_fit(est, X, y, backend, reset)
+    if defer_scans:
+        return X, y, sw, deferred
     return X, y, sw
 
 
@@ -602,7 +698,10 @@ def _label_presence(y, codes=True):
                 idx = y.astype(np.intp)
                 if lo:
                     idx -= lo
-            present = np.bincount(idx, minlength=hi - lo + 1) > 0
+            if hi - lo <= 1:  # the least and the greatest occur: the whole span
+                present = np.ones(hi - lo + 1, dtype=bool)
+            else:
+                present = np.bincount(idx, minlength=hi - lo + 1) > 0
             return lo, present, idx if codes else None
     return None
 

@@ -276,7 +276,8 @@ class _BaseFM(_CuWideEstimator):
             )
 
     def _fit_heads(self, X, targets, sw, backend, warm, *, stratify, partial,
-                   progress=None, multiplier=1.0, chosen=None, random_state=None):
+                   progress=None, multiplier=1.0, chosen=None, random_state=None,
+                   scans=None):
         """Train one FM per target vector on a shared layout (a list of
         :class:`~sklearn_cuwide._minibatch.HeadResult`); ``multiplier``
         scales both "auto" penalties (:mod:`sklearn_cuwide._penalty_choice`;
@@ -329,11 +330,11 @@ class _BaseFM(_CuWideEstimator):
             X, targets, sw, backend=backend, schedule=schedule,
             n_outputs=1, n_factors=self.n_factors, make_params=make_params,
             init_state=init_state, warm=warm, stratify=stratify, progress=progress,
-            partial=partial, advise_early_stopping=chosen is None,
+            partial=partial, advise_early_stopping=chosen is None, scans=scans,
         )
 
     def _penalty_choice(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
-                        progress=None):
+                        progress=None, scans=None):
         """``(multiplier, chosen, results)`` of both "auto" penalties for a
         fit (``y_idx``: a classifier's class indices, None for the
         regressor): a continued model's own; a fresh one's chosen by held-out loss
@@ -349,6 +350,8 @@ class _BaseFM(_CuWideEstimator):
             n_samples=X.shape[0])
         if mode is None:
             return 1.0, None, None
+        if scans is not None:  # the choice's fits read rows of X
+            scans.on_host()
         if progress is not None:
             what = ("each on four fifths of the rows, scored on the fifth left out, then "
                     "the fit of all rows with the best" if mode == "held_out" else
@@ -365,16 +368,19 @@ class _BaseFM(_CuWideEstimator):
             progress.stage(f"penalty choice (multiplier {m:g})")
         return m, m, results
 
-    def _chosen_fit(self, X, targets, sw, y_idx, warm, backend, progress):
+    def _chosen_fit(self, X, targets, sw, y_idx, warm, backend, progress, scans=None):
         """``(multiplier, results)`` of ``fit``: the penalty multiplier
         (:meth:`_penalty_choice`) and the heads fitted with it, the choice's
-        own fit where it made one."""
+        own fit where it made one.  ``scans``: the input's
+        :class:`~sklearn_cuwide._base.DeferredScans`, or None."""
         multiplier, chosen, results = self._penalty_choice(X, targets, sw, y_idx, warm,
-                                                           backend, progress=progress)
+                                                           backend, progress=progress,
+                                                           scans=scans)
         if results is None:
             results = self._fit_heads(X, targets, sw, backend, warm, stratify=y_idx,
                                       partial=False, progress=progress,
-                                      multiplier=multiplier, chosen=chosen)
+                                      multiplier=multiplier, chosen=chosen,
+                                      scans=None if chosen is not None else scans)
         return multiplier, results
 
     def _penalty_multiplier(self, X, targets, sw, y_idx, warm, backend, *, partial=False,
@@ -635,8 +641,8 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         progress = FitProgress(self.verbose)
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
-            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                       backend=backend, plan=False)
+            X, y, sw, scans = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                              backend=backend, plan=False, defer_scans=True)
             classes, y_idx = self._fit_classes(y)
             _plan_fit(self, X, y, backend, True, n_classes=classes.size)
             sw = self._weights(classes, y, sw, sample_weight)
@@ -645,7 +651,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
             warm = self._continued_states(X.shape[1], n_heads, classes)
             targets = self._targets(y_idx, classes)
             multiplier, results = self._chosen_fit(X, targets, sw, y_idx, warm, backend,
-                                                   progress)
+                                                   progress, scans)
             commit(self, {"classes_": classes, "device_": device_,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False)})
@@ -867,8 +873,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         progress = FitProgress(self.verbose)
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
-            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                       y_numeric=True, backend=backend)
+            X, y, sw, scans = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                              y_numeric=True, backend=backend,
+                                              defer_scans=True)
             check_weight_range(sw)
             progress.stage("input checks")
             warm = self._continued_states(X.shape[1], 1)
@@ -876,7 +883,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
             targets = [_standardise(y, scaling)]
             multiplier, results = self._chosen_fit(X, targets, sw, None, warm, backend,
-                                                   progress)
+                                                   progress, scans)
             commit(self, {"device_": device_, "_target_scale_fixed": True,
                           "penalty_multiplier_": float(multiplier),
                           **self._fitted_attrs(results, partial=False,

@@ -417,8 +417,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         self._check_solver_options(C, l1_ratio)
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
-            X, y, sw = _check_fit_data(self, X, y, sample_weight, reset=True,
-                                       backend=backend, plan=False)
+            X, y, sw, scans = _check_fit_data(self, X, y, sample_weight, reset=True,
+                                              backend=backend, plan=False, defer_scans=True)
             classes, y_idx = self._fit_classes(y)
             _plan_fit(self, X, y, backend, True, n_classes=classes.size)
             sw = self._weights(classes, y, sw, sample_weight)
@@ -427,11 +427,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             C = self._continued_c(C, warm)
             if self.solver == "lbfgs":
                 fitted = self._lbfgs_attrs(X, y_idx, sw, C, backend, warm, classes,
-                                           progress)
+                                           progress, scans)
                 fitted["C_"], results = C, None
             else:
                 fitted, results = self._chosen_minibatch_attrs(
-                    X, y_idx, sw, C, l1_ratio, backend, warm, classes, progress)
+                    X, y_idx, sw, C, l1_ratio, backend, warm, classes, progress, scans)
             commit(self, {"classes_": classes, "device_": device_, **fitted})
             self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
@@ -446,11 +446,12 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         return C
 
     def _chosen_minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes,
-                                progress):
+                                progress, scans=None):
         """``(fitted, results)`` of a mini-batch ``fit``, ``C_`` among them:
         at ``C``, or at the ``C`` that ``C="auto"`` chooses
         (:func:`~sklearn_cuwide._penalty_choice.c_choice_mode`), by the fits
-        of :meth:`_minibatch_attrs`, which share one seed."""
+        of :meth:`_minibatch_attrs`, which share one seed.  ``scans``: the
+        input's :class:`~sklearn_cuwide._base.DeferredScans`, or None."""
         D = 1 if classes.size == 2 else classes.size
         mode = None
         if math.isfinite(C):  # penalty=None (C = inf) has nothing to choose
@@ -458,9 +459,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         if mode is None:
             fitted, results = self._minibatch_attrs(X, y_idx, sw, C, l1_ratio, backend, warm,
                                                     classes, partial=False,
-                                                    progress=progress)
+                                                    progress=progress, scans=scans)
             fitted["C_"] = C
             return fitted, results
+        if scans is not None:  # the choice's fits read rows of X
+            scans.on_host()
         split_seed, fit_seed = choice_seeds(self.random_state)
 
         def fit(Xs, yi, s, c, part=True):
@@ -608,8 +611,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                                       model_words(n_features, classes))
         return self.coef_, self.intercept_, getattr(self, "_optimizer_state", None)
 
-    def _lbfgs_attrs(self, X, y_idx, sw, C, backend, warm, classes, progress):
-        """The fitted attributes of an L-BFGS fit (a dict; nothing is set)."""
+    def _lbfgs_attrs(self, X, y_idx, sw, C, backend, warm, classes, progress, scans=None):
+        """The fitted attributes of an L-BFGS fit (a dict; nothing is set);
+        ``scans``: the input's :class:`~sklearn_cuwide._base.DeferredScans`,
+        made on its device copy, or None."""
         n_classes = classes.size
         D = 1 if n_classes == 2 else n_classes
         if backend.name == "cpu" and dense_enough(X):
@@ -617,6 +622,8 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             Xc = np.asarray(X, dtype=COMPUTE_DTYPE)
         else:
             Xc = backend.put_csr(canonical_csr(X, COMPUTE_DTYPE))
+        if scans is not None:
+            scans.on_device(backend, Xc.indices, Xc.data)
         coef, intercept, n_iter, curve = fit_lbfgs_linear(
             Xc,
             y_idx.astype(np.float64),
@@ -643,9 +650,10 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
         }
 
     def _minibatch_attrs(self, X, y_idx, sw, C, l1_ratio, backend, warm, classes, *,
-                         partial, progress=None, random_state=None):
+                         partial, progress=None, random_state=None, scans=None):
         """``(fitted, results)``: the fitted attributes of a mini-batch fit (a
         dict; nothing is set) and its :class:`~sklearn_cuwide._minibatch.HeadResult` list.
+        ``scans``: the input's :class:`~sklearn_cuwide._base.DeferredScans`, or None.
         ``random_state``: in place of the estimator's (a choice's shared seed)."""
         n_features = X.shape[1]
         D = 1 if classes.size == 2 else classes.size
@@ -690,6 +698,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
             X, [y_idx], sw, backend=backend, schedule=schedule,
             n_outputs=D, n_factors=0, make_params=make_params, init_state=init_state,
             warm=warm_states, stratify=y_idx, progress=progress, partial=partial,
+            scans=scans,
         )
         fitted = {
             "coef_": np.ascontiguousarray(res.state.w.T, dtype=COMPUTE_DTYPE),

@@ -103,7 +103,7 @@ class HeadResult:
 
 def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_factors,
               make_params, init_state, warm=None, stratify=None, progress=None,
-              partial=False, advise_early_stopping=True):
+              partial=False, advise_early_stopping=True, scans=None):
     """Train one model per target vector on one shared training layout.
 
     A head whose last epoch's training loss ends far above the loss of a
@@ -142,6 +142,11 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         Whether a ``max_iter`` warning may advise early stopping (False
         where the fit chose its penalty on held-out rows: early stopping
         would turn that choice off).
+    scans : DeferredScans or None
+        The checks of ``X``'s indices and values still to make
+        (:class:`~sklearn_cuwide._base.DeferredScans`): on the copy the
+        layout's build uploads, once it is there and before the step
+        parameters read ``X``, else on the host at once.
 
     Returns
     -------
@@ -170,6 +175,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     # the layout's input crosses to the device while the rows are split and
     # the step parameters set, which need none of it
     staged = backend.stage_layout_input(X, n_laid) if warm is None and n_laid else None
+    if scans is not None and staged is None:
+        scans.on_host()
     try:
         if split and va is None:
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
@@ -181,6 +188,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             Xv, swv = _held_out_rows(X, va, backend, staged), sample_weight[va]
             sample_weight = sample_weight[tr]
             progress.stage("validation split")
+        if scans is not None and staged is not None:
+            scans.on_device(backend, *staged.uploaded()[1:])
         params = make_params(X, sample_weight, tr, va)
         # a continued model's epoch over a part of the data (partial_fit) trains
         # the features the part holds: the other rows of the model are copied

@@ -39,7 +39,9 @@ afterwards, in a copy.
 On the host, a pass over a large array (this reduction, and
 :func:`surely_finite` before scikit-learn's finiteness check) runs in
 pieces on up to :data:`HOST_THREADS` threads: numpy releases the GIL while
-it reduces, and these passes read every nonzero of the user's data.
+it reduces, and these passes read every nonzero of the user's data.  A GPU
+fit of a large host CSR matrix makes both on the copy it uploads instead
+(``index_range=False`` here; :class:`sklearn_cuwide._base.DeferredScans`).
 """
 
 import os
@@ -58,7 +60,8 @@ def usable_cores():
         return max(1, os.cpu_count() or 1)
 
 
-#: threads of a host pass over a large array
+#: threads of a host pass over a large array (more shorten the scans and
+#: slow the upload's pinned fills: docs/design/host_passes.rst)
 HOST_THREADS = min(8, usable_cores())
 #: arrays of fewer items take one pass on the calling thread (a piece
 #: handed to a thread costs tens of microseconds)
@@ -375,7 +378,7 @@ def _fetch(xp, values):
     return out
 
 
-def check_sparse_structure(X, xp=np):
+def check_sparse_structure(X, xp=np, index_range=True):
     """Raise a ``ValueError`` naming the first corruption of a sparse ``X``.
 
     ``X``: anything; only 2-D sparse matrices (or arrays) of the formats in
@@ -387,6 +390,11 @@ def check_sparse_structure(X, xp=np):
     X : object
     xp : module
         numpy, or cupy for a cupyx matrix (the check then runs on its GPU).
+    index_range : bool
+        Whether a CSR or CSC matrix's indices are checked against their
+        range here (the one pass over its nonzeros).  False: the caller
+        checks them before anything reads them
+        (:class:`sklearn_cuwide._base.DeferredScans`).
     """
     fmt = getattr(X, "format", None)
     if fmt not in CHECKED_FORMATS or len(getattr(X, "shape", ())) != 2:
@@ -395,10 +403,19 @@ def check_sparse_structure(X, xp=np):
     if fmt == "coo":
         _check_coo(X, shape, xp)
     else:
-        _check_compressed(X, fmt, shape, xp)
+        _check_compressed(X, fmt, shape, xp, index_range)
 
 
-def _check_compressed(X, fmt, shape, xp):
+def indices_out_of_range(xp, indices, n):
+    """Whether some entry of the integer array ``indices`` (of ``xp``) is
+    outside ``[0, n)``: the range check's one reduction, as a bool."""
+    if int(indices.shape[0]) == 0:
+        return False
+    out = _exceeds(xp, indices, n)
+    return False if out is None else bool(out)
+
+
+def _check_compressed(X, fmt, shape, xp, index_range=True):
     major = 0 if fmt == "csr" else 1
     n_major, n_minor = shape[major], shape[1 - major]
     indptr, indices, data = X.indptr, X.indices, X.data
@@ -411,7 +428,7 @@ def _check_compressed(X, fmt, shape, xp):
     n_data = int(data.shape[0]) if getattr(data, "ndim", 0) == 1 else -1
     # one pass each over indptr and indices; one transfer on a GPU
     decreasing = xp.any(indptr[1:] < indptr[:-1]) if n_major > 0 else False
-    out_of_range = _exceeds(xp, indices, n_minor) if nnz > 0 else False
+    out_of_range = _exceeds(xp, indices, n_minor) if nnz > 0 and index_range else False
     first, last, decreasing, out_of_range = _fetch(
         xp, [indptr[0], indptr[-1], decreasing, out_of_range])
     if first != 0:

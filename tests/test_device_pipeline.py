@@ -326,6 +326,9 @@ def test_fm_fit_with_lazy_factors_equals_eager(monkeypatch):
     np.array([-4, 2, 2, -4, 9], dtype=np.int32),
     np.array([5, 5, 6], dtype=np.uint64),
     np.array([True, False, True]),
+    np.array([4, 4, 4]),  # spans of one and two values: no count
+    np.array([-1, 0, 0, -1], dtype=np.int16),
+    np.array([True, True]),
     np.array([0, 10**9, 3]),  # a wide span: sorted
     np.array([2**63 - 1, 0], dtype=np.int64),
     np.array([1.0, 0.0, 1.0]),

@@ -434,6 +434,11 @@ class StagedInput:
         self._held = HeldOut(self.X, rows)
         return self._held
 
+    def uploaded(self):
+        """The uploaded ``(indptr, indices, data)``, waiting for them, kept
+        for :meth:`take` (the input's checks read them first)."""
+        return self._csr.result()
+
     def take(self):
         """The uploaded ``(indptr, indices, data)``, waiting for them."""
         csr, self._csr = self._csr.result(), None
