@@ -37,6 +37,7 @@ from ._minibatch import (
     logit_prior,
     optimizer_arrays,
     restore_accumulators,
+    unit_weights,
     validation_attrs,
 )
 from ._penalty_choice import (
@@ -296,6 +297,10 @@ class _BaseFM(_CuWideEstimator):
                                                       partial)) else None)
             mean_nnz = (rows_nnz(X, rows, backend, left_out, zeros) / max(n_train, 1)
                         if self.beta == "auto" else 1.0)
+            # under unit weights the step's weighted mean row is beta's plain
+            # one, the same float: not computed again from the row lengths
+            row_nnz = (mean_nnz if self.beta == "auto" and n_train and unit_weights(sw_train)
+                       else None)
             l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
                                               float(np.sum(sw_train)), mean_nnz, multiplier)
             return StepParams(
@@ -307,7 +312,8 @@ class _BaseFM(_CuWideEstimator):
                                                        model="fm", n_samples=n_rows,
                                                        partial=partial,
                                                        batch_size=self.batch_size,
-                                                       rows=rows, zeros=zeros)),
+                                                       rows=rows, zeros=zeros,
+                                                       row_nnz=row_nnz)),
                 l2_w=l2_w, l2_v=l2_v,
                 fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                 penalty_scaled=scaled,

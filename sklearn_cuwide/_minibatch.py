@@ -190,7 +190,9 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             progress.stage("validation split")
         if scans is not None and staged is not None:
             scans.on_device(backend, *staged.uploaded()[1:])
-        params = make_params(X, sample_weight, tr, va)
+        # the step parameters read the staged copy where there is one: its
+        # passes (stored zeros, row lengths) run on the device, not the host
+        params = make_params(X if staged is None else staged.matrix(), sample_weight, tr, va)
         # a continued model's epoch over a part of the data (partial_fit) trains
         # the features the part holds: the other rows of the model are copied
         # over, not laid out, moved or permuted (O(part), not O(n_features));
@@ -776,6 +778,11 @@ def step_reads_row_nonzeros(solver, model, loss, n_samples, partial=False):
         return False
     small = n_samples < EARLY_STOPPING_AUTO_MIN_SAMPLES
     return small if loss == "squared" else not small
+
+
+def unit_weights(sw):
+    """Whether every weight of the numpy array ``sw`` is 1 (none: False)."""
+    return sw.shape[0] > 0 and float(np.min(sw)) == 1.0 == float(np.max(sw))
 
 
 def mean_row_nonzeros(X, rows, sw, backend, zeros=None):

@@ -512,6 +512,10 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
             self.held = HeldOut(self.X, rows)
             return self.held
 
+        def matrix(self):  # what the step parameters read: here the host's matrix
+            self.read = True
+            return self.X
+
         def close(self):
             self.closed = True
 
@@ -537,8 +541,8 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     # early stopping from 10,000 rows: the rows laid out are the training rows
     assert built == [handles[0]] and handles[0].closed
     assert handles[0].n_rows == X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
-    # the held-out rows were asked of the staged input
-    assert handles[0].held is not None
+    # the held-out rows and the step parameters' matrix were asked of the staged input
+    assert handles[0].held is not None and handles[0].read
     assert handles[0].held.rows.shape[0] == int(np.ceil(0.1 * X.shape[0]))
 
     def fail(*a, **kw):

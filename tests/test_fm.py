@@ -581,6 +581,27 @@ def test_mean_row_nonzeros_against_a_loop():
     assert mean_row_nonzeros(X, None, sw, get_backend("cpu")) == pytest.approx(allw)
 
 
+def test_unit_weights_mean_row_is_the_plain_mean_bit_for_bit():
+    """Under unit weights the FM takes beta's plain mean row (``rows_nnz``
+    over the rows) as its step's weighted one: the same float, with stored
+    zeros, a subset of rows and the held-out rows counted instead."""
+    from sklearn_cuwide._backends import get_backend
+    from sklearn_cuwide._minibatch import mean_row_nonzeros, rows_nnz, unit_weights
+
+    cpu = get_backend("cpu")
+    rng = np.random.default_rng(2)
+    X = sp.random(997, 301, density=0.07, format="csr", random_state=4)
+    X.data[::5] = 0.0  # stored zeros
+    for rows, left in [(None, None), (np.sort(rng.choice(997, 900, replace=False)), None)]:
+        if rows is not None:
+            left = np.setdiff1d(np.arange(997), rows)
+        n = 997 if rows is None else rows.size
+        ones = np.ones(n)
+        assert unit_weights(ones) and not unit_weights(np.full(n, 2.0))
+        assert not unit_weights(np.ones(0))
+        assert (rows_nnz(X, rows, cpu, left) / n) == mean_row_nonzeros(X, rows, ones, cpu)
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "open: Adagrad's first normalized step moves a row's factors together, so "
     "the pairwise term grows with the step squared whatever the label "

@@ -519,8 +519,14 @@ from sklearn_cuwide._backends._cuda import _warmup
 from sklearn_cuwide.datasets import make_ctr_classification
 
 X, y = make_ctr_classification(n_samples=20000, n_features=2**16, random_state=0)[:2]
-est = (GPULogisticRegression(solver="adagrad", max_iter=2, device="cuda", random_state=0)
-       if sys.argv[1] == "lr" else
+deferred = sys.argv[1].endswith("-deferred")
+if deferred:  # the input's checks on the device copy at any size
+    import sklearn_cuwide._base as base
+    base.DEVICE_SCAN_MIN_NNZ = 0
+# C given where the checks are deferred: C="auto"'s choice checks on the host
+est = (GPULogisticRegression(solver="adagrad", max_iter=2, device="cuda", random_state=0,
+                             **({"C": 1.0} if deferred else {}))
+       if sys.argv[1].startswith("lr") else
        GPUFactorizationMachine(n_factors=8, alpha=1e-5, beta=1e-4, max_iter=2,
                                device="cuda", random_state=0))
 real_warm_up, threads = _warmup.warm_up, []
@@ -532,6 +538,15 @@ def warm_up_and_wait(*a):
     threads.append(t)
 
 _warmup.warm_up = warm_up_and_wait
+real_input = _warmup.warm_up_input
+
+def input_and_wait(*a):
+    t = real_input(*a)
+    if t is not None:
+        t.join()
+    threads.append(t)
+
+_warmup.warm_up_input = input_and_wait
 import sklearn_cuwide._backends._cuda._train as train
 train.warm_up = warm_up_and_wait
 real, late = compiler._compile_using_nvrtc_no_warning, []
@@ -550,13 +565,14 @@ print(json.dumps({"warmed": len(threads), "late": late}))
 
 @pytest.mark.gpu
 @_needs_gpu()
-@pytest.mark.parametrize("model", ["lr", "fm"])
+@pytest.mark.parametrize("model", ["lr", "fm", "lr-deferred", "fm-deferred"])
 def test_gpu_warm_up_compiles_the_fits_cupy_kernels(model, tmp_path):
     """In a fresh process with CuPy's kernel cache empty, the CuPy kernels a
     mini-batch fit from scipy CSR runs (early stopping on, Adagrad, scaled
-    penalties for logistic regression) are compiled by its warm-up
-    (``_warmup.warm_up``), not on the fit's thread: the warm-up's list
-    follows the fit's path."""
+    penalties for logistic regression; the input's checks on the device
+    copy, ``-deferred``) are compiled by its warm-ups (``_warmup.warm_up``,
+    and ``warm_up_input`` when the copy is staged), not on the fit's
+    thread: the warm-ups' lists follow the fit's path."""
     import json
     import os
 

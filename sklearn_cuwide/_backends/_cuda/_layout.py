@@ -26,9 +26,9 @@ import numpy as np
 
 from ... import _layout, _memory
 from ..._config import get_config
-from . import _reduce, _upload
+from . import _reduce, _upload, _warmup
 from ._build import CudaBuildKernels, rows_of_arrays
-from ._runtime import device_memory
+from ._runtime import csr_of_arrays, device_memory
 
 #: a fresh token for each penalty-scale array a layout computes
 _TOKENS = itertools.count(1)
@@ -60,7 +60,9 @@ def stage_layout_input(X, n_rows):
     if (cpsp.issparse(X) or getattr(X, "format", None) != "csr"
             or _planned_site(_memory.active_plan(), on_device=False) != "device"):
         return None
-    return _upload.StagedInput(X, cp, n_rows, gather=rows_of_arrays)
+    # what reads the copy before the build compiles beside the upload
+    _warmup.warm_up_input(X.dtype, X.indices.dtype)
+    return _upload.StagedInput(X, cp, n_rows, gather=rows_of_arrays, matrix=csr_of_arrays)
 
 
 def _planned_site(plan, on_device):

@@ -410,11 +410,13 @@ class StagedInput:
     (:meth:`gather_held`): the host neither gathers nor copies them, and
     the build's sorts run without their copy beside them.
     ``gather``: ``(indptr, indices, data, shape, rows) -> matrix``, those
-    rows of the uploaded arrays as a device matrix (None: no gather there).
+    rows of the uploaded arrays as a device matrix (None: no gather there);
+    ``matrix``: ``(indptr, indices, data, shape) -> matrix``, the uploaded
+    arrays as one (None: :meth:`matrix` gives ``X``).
     """
 
-    def __init__(self, X, xp, n_rows, upload_chunk_nnz=1 << 22, gather=None):
-        self.X, self.n_rows, self._gather = X, int(n_rows), gather
+    def __init__(self, X, xp, n_rows, upload_chunk_nnz=1 << 22, gather=None, matrix=None):
+        self.X, self.n_rows, self._gather, self._matrix = X, int(n_rows), gather, matrix
         self._held = None
         device = xp.cuda.Device()  # the fit's: the thread's own starts at device 0
 
@@ -438,6 +440,13 @@ class StagedInput:
         """The uploaded ``(indptr, indices, data)``, waiting for them, kept
         for :meth:`take` (the input's checks read them first)."""
         return self._csr.result()
+
+    def matrix(self):
+        """The uploaded copy as a device matrix, waiting for it (``X`` where
+        no ``matrix`` was given): for what reads ``X`` before the build."""
+        if self._matrix is None:
+            return self.X
+        return self._matrix(*self.uploaded(), self.X.shape)
 
     def take(self):
         """The uploaded ``(indptr, indices, data)``, waiting for them."""

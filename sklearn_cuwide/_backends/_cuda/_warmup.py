@@ -82,6 +82,45 @@ def _ops(value, index, layout, n_outputs, n_factors, adagrad, packed):
     return ops
 
 
+def _input_ops(value, index):
+    """The operations of what reads a host matrix's staged copy before the
+    layout's build (:func:`warm_up_input`), on its dtypes."""
+    i64, f64, n = cp.int64, cp.float64, 8
+    unsigned = np.dtype(f"u{np.dtype(index).itemsize}")
+
+    def copy():  # _runtime.csr_of_arrays of the staged arrays
+        return _runtime.csr_of_arrays(cp.zeros(n + 1, i64), cp.zeros(n, index),
+                                      cp.zeros(n, value), (n, n))
+
+    rows = lambda: cp.zeros(2, i64)  # noqa: E731 - the training or held-out rows
+    ops = [
+        copy,
+        lambda: cp.zeros(n + 1, i64).astype(index),
+        # _base.DeferredScans.on_device: the indices' range and the values
+        lambda: cp.max(cp.zeros(n, index).view(unsigned)) >= unsigned.type(n),
+        lambda: _reduce.all_finite(cp, cp.zeros(n, value)),
+        # the stored zeros (_runtime.holds_zero) and the rows' entries
+        # (_minibatch._stored, mean_row_nonzeros)
+        lambda: _reduce.reduce_all(cp, cp.zeros(n, value) == 0, "any"),
+        lambda: rows() + 1,
+        lambda: (cp.zeros(n + 1, index)[rows() + 1] - cp.zeros(n + 1, index)[rows()]).sum(),
+        lambda: cp.diff(cp.zeros(n + 1, index)).astype(i64)[rows()].astype(f64),
+    ]
+    if np.dtype(value) == np.float64:  # the largest magnitude against float32's range
+        ops.append(lambda: (float(cp.zeros(n, f64).max()), float(cp.zeros(n, f64).min())))
+    return ops
+
+
+def warm_up_input(value, index):
+    """Start compiling, as :func:`warm_up` does, the CuPy kernels that read
+    a host matrix's staged copy before the layout's build (the input's
+    deferred checks, the step parameters' passes); ``value`` / ``index``
+    the dtypes of its values and column indices.  Returns the thread, or
+    None where this process warmed them up on this device already."""
+    sig = ("input",) + tuple(np.dtype(d).str for d in (value, index))
+    return _start(sig, _input_ops(np.dtype(value), np.dtype(index)))
+
+
 def warm_up(value, index, layout, n_outputs, n_factors, adagrad, packed):
     """Start compiling, in background threads on the current device, the
     CuPy kernels a mini-batch fit runs: ``value`` / ``index`` the dtypes
@@ -91,15 +130,20 @@ def warm_up(value, index, layout, n_outputs, n_factors, adagrad, packed):
     are packed with the penalty factors (penalties scaled). Returns at
     once: the warm-up's thread (None where this process warmed the
     signature up on this device already)."""
-    dev = cp.cuda.runtime.getDevice()
     sig = tuple(np.dtype(d).str for d in (value, index, layout)) + (
         int(n_outputs), int(n_factors), bool(adagrad), bool(packed))
+    return _start(sig, _ops(np.dtype(value), np.dtype(index), np.dtype(layout), n_outputs,
+                            n_factors, adagrad, packed))
+
+
+def _start(sig, ops):
+    """Run ``ops`` once per process and device for signature ``sig``, each
+    in a thread of its own; the thread that runs them, or None."""
+    dev = cp.cuda.runtime.getDevice()
     with _DONE_LOCK:
         if (dev, sig) in _DONE:
             return None
         _DONE.add((dev, sig))
-    ops = _ops(np.dtype(value), np.dtype(index), np.dtype(layout), n_outputs, n_factors,
-               adagrad, packed)
 
     def one(op):
         # the fit's reductions run without CUB: so are these compiled
