@@ -105,6 +105,7 @@ def _input_ops(value, index):
         lambda: rows() + 1,
         lambda: (cp.zeros(n + 1, index)[rows() + 1] - cp.zeros(n + 1, index)[rows()]).sum(),
         lambda: cp.diff(cp.zeros(n + 1, index)).astype(i64)[rows()].astype(f64),
+        lambda: float(cp.dot(cp.zeros(n, f64), cp.zeros(n, f64))),  # their weighted mean
     ]
     if np.dtype(value) == np.float64:  # the largest magnitude against float32's range
         ops.append(lambda: (float(cp.zeros(n, f64).max()), float(cp.zeros(n, f64).min())))
