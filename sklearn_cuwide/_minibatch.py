@@ -174,7 +174,12 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                            if split else 0)
     # the layout's input crosses to the device while the rows are split and
     # the step parameters set, which need none of it
-    staged = backend.stage_layout_input(X, n_laid) if warm is None and n_laid else None
+    # a large host matrix whose checks the device makes (``scans``) is read
+    # there before the build; a small one on the host, as fast, without
+    # the kernels a cold process would compile for it
+    read_copy = scans is not None
+    staged = (backend.stage_layout_input(X, n_laid, read_first=read_copy)
+              if warm is None and n_laid else None)
     if scans is not None and staged is None:
         scans.on_host()
     try:
@@ -188,11 +193,12 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             Xv, swv = _held_out_rows(X, va, backend, staged), sample_weight[va]
             sample_weight = sample_weight[tr]
             progress.stage("validation split")
-        if scans is not None and staged is not None:
+        if read_copy and staged is not None:
             scans.on_device(backend, *staged.uploaded()[1:])
-        # the step parameters read the staged copy where there is one: its
-        # passes (stored zeros, row lengths) run on the device, not the host
-        params = make_params(X if staged is None else staged.matrix(), sample_weight, tr, va)
+        # the step parameters read that staged copy: their passes (stored
+        # zeros, row lengths) run on the device, not the host
+        params = make_params(staged.matrix() if read_copy and staged is not None else X,
+                             sample_weight, tr, va)
         # a continued model's epoch over a part of the data (partial_fit) trains
         # the features the part holds: the other rows of the model are copied
         # over, not laid out, moved or permuted (O(part), not O(n_features));

@@ -494,7 +494,9 @@ def test_held_out_rows_are_gathered_after_the_build(monkeypatch):
 def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     """fit_heads hands the backend's staged input to build_layout, asks it
     for the held-out rows, and closes it after; it closes it too when the
-    fit fails before the build."""
+    fit fails before the build.  Where the input's checks are deferred to
+    the copy, it says so when staging, and the checks and the step
+    parameters read the staged copy."""
     from sklearn_cuwide import GPULogisticRegression
     from sklearn_cuwide._backends import _cpu
 
@@ -504,6 +506,7 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     class Handle:
         closed = False
         held = None
+        read = False
 
         def __init__(self, X):
             self.X = X
@@ -516,12 +519,15 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
             self.read = True
             return self.X
 
+        def uploaded(self):  # what the deferred checks read
+            return self.X.indptr, self.X.indices, self.X.data
+
         def close(self):
             self.closed = True
 
-    def stage(X, n_rows):
+    def stage(X, n_rows, read_first=False):
         handles.append(Handle(X))
-        handles[-1].n_rows = n_rows
+        handles[-1].n_rows, handles[-1].read_first = n_rows, read_first
         return handles[-1]
 
     built = []
@@ -541,9 +547,21 @@ def test_fit_closes_the_staged_input_whatever_happens(monkeypatch):
     # early stopping from 10,000 rows: the rows laid out are the training rows
     assert built == [handles[0]] and handles[0].closed
     assert handles[0].n_rows == X.shape[0] - int(np.ceil(0.1 * X.shape[0]))
-    # the held-out rows and the step parameters' matrix were asked of the staged input
-    assert handles[0].held is not None and handles[0].read
+    # the held-out rows were asked of the staged input; a small matrix's step
+    # parameters read it on the host
+    assert handles[0].held is not None and not handles[0].read_first
+    assert not handles[0].read
     assert handles[0].held.rows.shape[0] == int(np.ceil(0.1 * X.shape[0]))
+    # the checks deferred (as for a large matrix on a GPU): the copy is read first
+    from sklearn_cuwide import _base
+
+    with monkeypatch.context() as m:
+        m.setattr(_base, "_scans_on_device", lambda backend: True)
+        m.setattr(_base, "DEVICE_SCAN_MIN_NNZ", 0)
+        GPULogisticRegression(solver="adagrad", C=1.0, max_iter=2, tol=None, device="cpu",
+                              random_state=0).fit(X, y)
+    assert handles[1].read_first and handles[1].read and handles[1].closed
+    del handles[1]
 
     def fail(*a, **kw):
         raise RuntimeError("the build failed")

@@ -105,7 +105,7 @@ class Backend(Protocol):
         build's for ``X``'s dtypes, the first epoch's for ``n_batches``,
         ``workers`` and the warm-up ``ramp``); returns at once."""
 
-    def stage_layout_input(self, X, n_rows):
+    def stage_layout_input(self, X, n_rows, read_first=False):
         """Start, in the background, what :meth:`build_layout` of ``X`` reads
         first (``n_rows`` rows laid out), so that the fit's host work
         overlaps it: the CUDA backend copies a host CSR it will build from
@@ -113,8 +113,10 @@ class Backend(Protocol):
         handle for ``build_layout``'s ``staged`` (whose ``close`` waits for
         the work, and whose ``hold_out(rows)`` returns a handle whose
         ``result()``, once ``build_layout`` has run, is the rows ``rows`` of
-        ``X`` on the backend, gathered from the staged copy), or None when
-        nothing was started."""
+        ``X`` on the backend, gathered from the staged copy, and whose
+        ``matrix()`` is the staged copy), or None when nothing was started.
+        ``read_first``: the fit reads the copy before the build (the
+        input's deferred checks, the step parameters)."""
 
     def build_layout(self, X, staged=None, **kw):
         """:func:`sklearn_cuwide._layout.build_layout`, where it is fastest;

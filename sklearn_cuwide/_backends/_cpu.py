@@ -130,7 +130,7 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
     """Nothing to start on the CPU (nothing compiles)."""
 
 
-def stage_layout_input(X, n_rows):
+def stage_layout_input(X, n_rows, read_first=False):
     """Nothing to stage: the CPU builds the layout from ``X`` where it is."""
     return None
 

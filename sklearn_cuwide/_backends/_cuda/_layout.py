@@ -52,7 +52,7 @@ def _budget(memory_budget):
     return _memory.device_budget(get_config()["device_memory_limit"], *device_memory())[0]
 
 
-def stage_layout_input(X, n_rows):
+def stage_layout_input(X, n_rows, read_first=False):
     """Begin the upload of a host CSR that the fit's memory plan builds its
     layout from whole on the device ("device" and ``csr_whole``): a
     :class:`._upload.StagedInput` for :func:`build_layout`, or None for any
@@ -60,8 +60,8 @@ def stage_layout_input(X, n_rows):
     if (cpsp.issparse(X) or getattr(X, "format", None) != "csr"
             or _planned_site(_memory.active_plan(), on_device=False) != "device"):
         return None
-    # what reads the copy before the build compiles beside the upload
-    _warmup.warm_up_input(X.dtype, X.indices.dtype)
+    if read_first:  # what reads the copy before the build compiles beside the upload
+        _warmup.warm_up_input(X.dtype, X.indices.dtype)
     return _upload.StagedInput(X, cp, n_rows, gather=rows_of_arrays, matrix=csr_of_arrays)
 
 
