@@ -177,11 +177,11 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
     # a large host matrix whose checks the device makes (``scans``) is read
     # there before the build; a small one on the host, as fast, without
     # the kernels a cold process would compile for it
-    read_copy = scans is not None
-    staged = (backend.stage_layout_input(X, n_laid, read_first=read_copy)
+    staged = (backend.stage_layout_input(X, n_laid, read_first=scans is not None)
               if warm is None and n_laid else None)
-    if scans is not None and staged is None:
+    if scans is not None and staged is None:  # no copy: checked here, read here
         scans.on_host()
+        scans = None
     try:
         if split and va is None:
             tr, va = _validation_split(X.shape[0], schedule.validation_fraction, stratify,
@@ -193,12 +193,10 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
             Xv, swv = _held_out_rows(X, va, backend, staged), sample_weight[va]
             sample_weight = sample_weight[tr]
             progress.stage("validation split")
-        if read_copy and staged is not None:
+        if scans is not None:  # the staged copy is checked, then read by the step
+            # parameters: their passes (stored zeros, row lengths) on the device
             scans.on_device(backend, *staged.uploaded()[1:])
-        # the step parameters read that staged copy: their passes (stored
-        # zeros, row lengths) run on the device, not the host
-        params = make_params(staged.matrix() if read_copy and staged is not None else X,
-                             sample_weight, tr, va)
+        params = make_params(X if scans is None else staged.matrix(), sample_weight, tr, va)
         # a continued model's epoch over a part of the data (partial_fit) trains
         # the features the part holds: the other rows of the model are copied
         # over, not laid out, moved or permuted (O(part), not O(n_features));

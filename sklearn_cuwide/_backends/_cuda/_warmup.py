@@ -94,15 +94,13 @@ def _input_ops(value, index):
 
     rows = lambda: cp.zeros(2, i64)  # noqa: E731 - the training or held-out rows
     ops = [
-        copy,
-        lambda: cp.zeros(n + 1, i64).astype(index),
+        copy,  # its index pointer's cast
         # _base.DeferredScans.on_device: the indices' range and the values
         lambda: cp.max(cp.zeros(n, index).view(unsigned)) >= unsigned.type(n),
         lambda: _reduce.all_finite(cp, cp.zeros(n, value)),
         # the stored zeros (_runtime.holds_zero) and the rows' entries
         # (_minibatch._stored, mean_row_nonzeros)
         lambda: _reduce.reduce_all(cp, cp.zeros(n, value) == 0, "any"),
-        lambda: rows() + 1,
         lambda: (cp.zeros(n + 1, index)[rows() + 1] - cp.zeros(n + 1, index)[rows()]).sum(),
         lambda: cp.diff(cp.zeros(n + 1, index)).astype(i64)[rows()].astype(f64),
         lambda: float(cp.dot(cp.zeros(n, f64), cp.zeros(n, f64))),  # their weighted mean
