@@ -216,7 +216,8 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
                                                      schedule.batch_size, workers)
         if n_batches:
             backend.prepare_fit(X, params, n_outputs, n_factors, n_batches, workers,
-                                ramp, COMPUTE_DTYPE)
+                                ramp, COMPUTE_DTYPE, validation=va is not None,
+                                fresh=warm is None)
         layout = backend.build_layout(
             X, batch_size=schedule.batch_size, sample_block=sample_block,
             n_hot_max=n_hot_max, shuffle=schedule.shuffle, random_state=seed_layout,

@@ -446,13 +446,21 @@ def _needs_gpu():
     (lambda: __import__("sklearn_cuwide").GPUFactorizationMachine(
         n_factors=8, max_iter=2, tol=None, random_state=0, device="cuda"), "fm", 8),
 ])
-def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k):
+def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k, monkeypatch):
     from sklearn_cuwide._backends._cuda import _runtime
     from sklearn_cuwide.datasets import make_ctr_classification
 
     X, y = make_ctr_classification(n_samples=20_000, n_features=2**16, random_state=0)[:2]
     _kernels._CACHE.clear()  # this process's memo (CuPy's caches may still serve them)
     modules = _kernels.compile_seconds()[1]
+    started, prefetch = set(), _kernels.prefetch
+
+    def recorded(*requests):
+        for getter, fname, names in requests:
+            started.update((fname, n) for n in names)
+        return prefetch(*requests)
+
+    monkeypatch.setattr(_kernels, "prefetch", recorded)
     est = make().fit(X, y)
     built = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_train.cu"}
     n_batches = -(-X.shape[0] // est.batch_size)
@@ -468,11 +476,26 @@ def test_gpu_fit_builds_only_its_plans_instantiations(make, model, k):
         X.indices.dtype, X.data.dtype, "float32").values())]
     # every module got is memoised: none was built twice
     assert _kernels.compile_seconds()[1] - modules == len(_kernels._CACHE)
-    # the prediction builds the predict kernel of the input's dtypes, once
+
+    def got(fname):
+        return {name for (_, f, name) in _kernels._CACHE if f == fname}
+
+    # early stopping's held-out rows (20,000 rows: on) are scored by one
+    # predict and one loss kernel, those prepare_fit started; an FM's
+    # initial factors by the factors' kernel of the model's dtype
+    fitted = got("cuwide_predict.cu")
+    assert len(fitted) == 1 and next(iter(fitted)).startswith("cuwide_predict<")
+    assert got("cuwide_loss.cu") == {_kernels.loss_instantiation("logistic")}
+    assert got("cuwide_factors.cu") == ({_kernels.factors_instantiation("float32")} if k
+                                        else set())
+    # each kernel of the fit was started before the fit reached it (prepare_fit)
+    for fname in ("cuwide_train.cu", "cuwide_predict.cu", "cuwide_loss.cu",
+                  "cuwide_factors.cu"):
+        assert {(fname, n) for n in got(fname)} <= started
+    # the prediction of the user's rows (the same dtypes) builds no other
     est.decision_function(X[:100])
     est.decision_function(X[100:200])
-    pred = {name for (_, fname, name) in _kernels._CACHE if fname == "cuwide_predict.cu"}
-    assert len(pred) == 1 and next(iter(pred)).startswith("cuwide_predict<")
+    assert got("cuwide_predict.cu") == fitted
 
 
 @pytest.mark.gpu

@@ -99,11 +99,14 @@ class Backend(Protocol):
         """Workers (mini-batches trained at once) for the estimators'
         ``concurrency`` parameter; 1 trains in order."""
 
-    def prepare_fit(self, X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype):
+    def prepare_fit(self, X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype, *,
+                    validation=False, fresh=True):
         """Start, in the background, what a mini-batch fit of ``X`` will
         need first (the CUDA backend compiles its kernels: the layout
         build's for ``X``'s dtypes, the first epoch's for ``n_batches``,
-        ``workers`` and the warm-up ``ramp``); returns at once."""
+        ``workers`` and the warm-up ``ramp``, the held-out rows' prediction
+        and loss where ``validation``, a ``fresh`` FM's initial factors);
+        returns at once."""
 
     def stage_layout_input(self, X, n_rows, read_first=False):
         """Start, in the background, what :meth:`build_layout` of ``X`` reads

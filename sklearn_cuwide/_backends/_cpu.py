@@ -126,7 +126,8 @@ def to_host(a, out=None):
     return a
 
 
-def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype):
+def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype, *,
+                validation=False, fresh=True):
     """Nothing to start on the CPU (nothing compiles)."""
 
 

@@ -140,18 +140,23 @@ def epoch_kernels(params, n_outputs, n_factors, chunk_batches, grid, ramp, *, cl
     return dict(zip(names, _kernels.get_kernels(SOURCE, list(names.values()))))
 
 
-def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype):
+def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype, *,
+                validation=False, fresh=True):
     """Start compiling, in the background, the kernels a mini-batch fit of
     ``X`` reaches first: the layout build's module (for ``X``'s dtypes and
-    the layout's ``dtype``) and the first epoch's training kernels (a
-    resident layout of ``n_batches``, ``workers`` and the warm-up ``ramp``).
-    CuPy's own kernels that the fit runs are started too
+    the layout's ``dtype``), the first epoch's training kernels (a
+    resident layout of ``n_batches``, ``workers`` and the warm-up
+    ``ramp``), a ``fresh`` FM's initial factors (of ``dtype``) and, where
+    the fit scores held-out rows (``validation``: rows of ``X`` in its
+    dtypes, the index pointer cast to the indices'), their prediction and
+    loss.  CuPy's own kernels that the fit runs are started too
     (:func:`._warmup.warm_up`).
     Rule: what a fit compiles is started before the work that needs it.
     Why: NVRTC releases the GIL, so the compilations overlap the upload, the
     layout build and CuPy's own compilations instead of following them."""
-    if getattr(X, "format", None) == "csr" and X.dtype in (np.float32, np.float64) \
-            and X.indices.dtype in (np.int32, np.int64):
+    csr = getattr(X, "format", None) == "csr" and X.dtype in (np.float32, np.float64) \
+        and X.indices.dtype in (np.int32, np.int64)
+    if csr:
         _kernels.prefetch((_kernels.get_module_kernels, "cuwide_build.cu", list(
             _kernels.build_instantiations(X.indices.dtype, X.dtype, np.dtype(dtype)).values())))
         warm_up(X.dtype, X.indices.dtype, dtype, n_outputs, n_factors,
@@ -161,6 +166,19 @@ def prepare_fit(X, params, n_outputs, n_factors, n_batches, workers, ramp, dtype
         chunk_batches=[int(n_batches)], grid=int(workers), ramp=ramp, slots=full_grid(),
         cluster_sizes=cluster_sizes(), and_later=True)
     _kernels.prefetch((_kernels.get_kernels, SOURCE, list(names.values())))
+    later = []  # reached after the build: the initial state, each epoch's score
+    if fresh and n_factors:
+        later.append((_kernels.get_kernels, "cuwide_factors.cu",
+                      [_kernels.factors_instantiation(np.dtype(dtype).name)]))
+    if validation and csr:  # _solvers._validation_loss
+        later.append((_kernels.get_kernels, "cuwide_predict.cu", [_kernels.predict_instantiation(
+            X.indices.dtype, X.indices.dtype, X.dtype, "fm" if n_factors else "linear",
+            n_outputs, n_factors)]))
+        if params.loss != "multinomial":  # the multinomial's loss is CuPy's
+            later.append((_kernels.get_kernels, "cuwide_loss.cu",
+                          [_kernels.loss_instantiation(params.loss)]))
+    if later:
+        _kernels.prefetch(*later)
 
 
 def run_epoch(layout, y, sw, batch_weight, state, params, batch_order, *, workers=None, ramp=0,

@@ -8,8 +8,9 @@ gathers into the layout's order, the held-out rows' matrix, the best
 epoch's copy of the state, the finiteness check (:doc:`/design/startup`).
 
 Rule: when a fit starts, :func:`warm_up` runs those signatures once on
-arrays of a few items, each in a thread of its own, so that they compile
-together and beside the fit's host work instead of in turn inside it.
+arrays of a few items, in :data:`THREADS` threads in the order the fit
+reaches them, so that they compile beside the fit's host work instead of
+in turn inside it.
 Why: NVRTC releases the GIL. A signature this list misses (other dtypes,
 solvers or paths) still compiles where the fit reaches it, as before; one
 the fit reaches while its warm-up is still compiling it is compiled twice,
@@ -27,6 +28,10 @@ import numpy as np
 
 from . import _reduce, _runtime
 
+#: threads that compile at once: CuPy's compilations run about ten a second
+#: on the H200's host whatever the threads (20 at once took 1-2 s each), and
+#: with four the first of the list, which the fit reaches first, are ready first
+THREADS = 4
 _DONE = set()  # (device, signature) warmed up in this process
 _DONE_LOCK = threading.Lock()
 
@@ -137,7 +142,7 @@ def warm_up(value, index, layout, n_outputs, n_factors, adagrad, packed):
 
 def _start(sig, ops):
     """Run ``ops`` once per process and device for signature ``sig``, each
-    in a thread of its own; the thread that runs them, or None."""
+    in :data:`THREADS` threads; the thread that runs them, or None."""
     dev = cp.cuda.runtime.getDevice()
     with _DONE_LOCK:
         if (dev, sig) in _DONE:
@@ -153,7 +158,7 @@ def _start(sig, ops):
                 pass
 
     def run():
-        with ThreadPoolExecutor(len(ops), thread_name_prefix="cuwide-warmup") as pool:
+        with ThreadPoolExecutor(min(THREADS, len(ops)), thread_name_prefix="cuwide-warmup") as pool:
             list(pool.map(one, ops))
 
     thread = threading.Thread(target=run, name="cuwide-warmup", daemon=True)
