@@ -388,8 +388,11 @@ def system_list(ctx, data, *, real):
             ("kernel",), epochs_of(fm(concurrency="auto")))
         add("ours_fm_scaled", f"ours FM{k} adagrad (epochs, concurrency=max, scale_penalty)",
             "FM", ("kernel",), epochs_of(fm(concurrency="max", scale_penalty=True)))
+        # the fits timed from a host CSR, and from a cupyx one (below) the same
+        lr_fit = lr("adagrad", max_iter=epochs, tol=1e-4)
+        fm_max_fit = fm(max_iter=epochs, tol=None, concurrency="max")
         add("est_lr_adagrad", "ours GPULogisticRegression adagrad (fit)", "LR-fit",
-            ("estimators",), tuned(fit_of(lr("adagrad", max_iter=epochs, tol=1e-4))))
+            ("estimators",), tuned(fit_of(lr_fit)))
         if not real:
             add("est_lr_sgd", "ours GPULogisticRegression sgd (fit)", "LR-fit",
                 ("estimators", "sgd"), fit_of(lr("sgd", max_iter=epochs, tol=1e-4)))
@@ -403,15 +406,14 @@ def system_list(ctx, data, *, real):
         if not real:  # the setting of the fit-time target (issue: FM16 at "max")
             add("est_fm_max", f"ours GPUFactorizationMachine k={k} (fit, concurrency=max)",
                 "FM-fit", ("estimators",),
-                fit_of(fm(max_iter=epochs, tol=None, concurrency="max")))
+                fit_of(fm_max_fit))
         if ctx.gpu and not real:  # the same fits from a matrix on the GPU already
             add("est_lr_adagrad_cupy", "ours GPULogisticRegression adagrad (fit, cupyx input)",
                 "LR-fit", ("estimators", "cupy"),
-                tuned(fit_of(lr("adagrad", max_iter=epochs, tol=1e-4), on_device=True)))
-            # at "max", the setting of the fit-time targets (est_fm_max's)
+                tuned(fit_of(lr_fit, on_device=True)))
             add("est_fm_cupy", f"ours GPUFactorizationMachine k={k} (fit, concurrency=max, "
                 "cupyx input)", "FM-fit", ("estimators", "cupy"),
-                fit_of(fm(max_iter=epochs, tol=None, concurrency="max"), on_device=True))
+                fit_of(fm_max_fit, on_device=True))
         add("est_lr_default", "ours GPULogisticRegression() defaults (fit)", "lbfgs",
             ("estimators", "defaults"), fit_of(lambda: GPULogisticRegression(device=dev)))
         add("est_fm_default", "ours GPUFactorizationMachine() defaults (fit)", "FM-fit",
