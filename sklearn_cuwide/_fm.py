@@ -505,10 +505,11 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
     one-vs-rest (sharing one training layout), and ``predict_proba``
     normalises their probabilities so that each row sums to 1.
 
-    A fit that diverges (a loss or a parameter that is not finite) raises a
-    ``ValueError`` saying what to do, and one whose loss ends far above a
-    constant prediction's warns a ``ConvergenceWarning``.  A fit that fails
-    or is interrupted leaves the estimator as it was before.
+    A fit that diverges (a loss, a parameter or an Adagrad sum that is not
+    finite) raises a ``ValueError`` saying what to do, and one whose loss
+    ends far above a constant prediction's warns a ``ConvergenceWarning``.
+    A fit that fails or is interrupted leaves the estimator as it was
+    before.
 
     Parameters
     ----------
@@ -761,10 +762,11 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     the units of ``y``; ``verbose`` prints the losses in the units of ``y``,
     as ``loss_curve_`` and ``validation_score_`` give them.
 
-    A fit that diverges (a loss or a parameter that is not finite) raises a
-    ``ValueError`` saying what to do, and one whose loss ends far above a
-    constant prediction's warns a ``ConvergenceWarning``.  A fit that fails
-    or is interrupted leaves the estimator as it was before.
+    A fit that diverges (a loss, a parameter or an Adagrad sum that is not
+    finite) raises a ``ValueError`` saying what to do, and one whose loss
+    ends far above a constant prediction's warns a ``ConvergenceWarning``.
+    A fit that fails or is interrupted leaves the estimator as it was
+    before.
 
     Parameters
     ----------

@@ -119,11 +119,11 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
     float64); float64 input is accepted.  The fitted arrays (``coef_``,
     ``intercept_``) are float32 whatever the solver.
 
-    A fit that diverges (a loss or a coefficient that is not finite) raises
-    a ``ValueError`` saying what to do; a mini-batch fit whose loss ends far
-    above a constant prediction's, or an L-BFGS fit that stops short of
-    ``tol``, warns a ``ConvergenceWarning``.  A fit that fails or is
-    interrupted leaves the estimator as it was before.
+    A fit that diverges (a loss, a coefficient or an Adagrad sum that is
+    not finite) raises a ``ValueError`` saying what to do; a mini-batch fit
+    whose loss ends far above a constant prediction's, or an L-BFGS fit
+    that stops short of ``tol``, warns a ``ConvergenceWarning``.  A fit
+    that fails or is interrupted leaves the estimator as it was before.
 
     Parameters
     ----------

@@ -511,7 +511,8 @@ def _early_stopping_summary(log_prefix, val_curve, n_iter, max_iter, n_iter_no_c
 
 def check_finite_state(state, n_iter, params, backend=None):
     """Raise the divergence error (:func:`_diverged`) when a fitted state
-    (arrays on ``backend``; None: on the host) holds non-finite values."""
+    (arrays on ``backend``; None: on the host) holds non-finite values, and
+    an error that says to scale ``X`` when Adagrad's sums do."""
     finite = all_finite if backend is None else backend.all_finite
 
     bad = [name for name, a in (("coefficients", state.w), ("intercepts", state.b),
@@ -520,6 +521,16 @@ def check_finite_state(state, n_iter, params, backend=None):
     if bad:
         raise _diverged(f"the fitted {' and '.join(bad)} hold non-finite values "
                         f"after {n_iter} epoch(s)", params)
+    # Adagrad's sums of squared gradients overflow float32 for values of X
+    # near 1e19 and beyond: the features they belong to stop moving (a step
+    # divided by an infinity), which would leave a model silently unfitted
+    sums = [a for a in (state.gw, state.gb, state.gV) if a is not None]
+    if not all(finite(a) for a in sums):
+        raise ValueError(
+            f"The fit failed: Adagrad's sums of squared gradients exceed the range of "
+            f"float32 after {n_iter} epoch(s), so the features they belong to stopped "
+            f"learning; the values of X are too large for the squares of their "
+            f"gradients in float32. Please {_SCALE_HINT}.")
 
 
 def _copy_state(xp, state):

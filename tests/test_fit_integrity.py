@@ -140,6 +140,29 @@ def test_divergence_raises_and_commits_nothing(binary, name):
     assert_array_equal(_predict(est, X), P)
 
 
+#: a scale of X whose Adagrad sums overflow float32 while the loss stays
+#: finite (the FM's factor sums, squares of x times x-weighted factors, first)
+SUMS_OVERFLOW = [("lr-adagrad", 1e25), ("fm", 1e15)]
+
+
+@pytest.mark.parametrize("name, scale", SUMS_OVERFLOW)
+def test_overflowing_adagrad_sums_raise_and_commit_nothing(binary, name, scale):
+    """Features whose sums of squared gradients overflow stop learning (a
+    step divided by an infinity): an error, not a silently unfitted model."""
+    X, y = binary
+    X = X.copy()
+    X.data *= scale
+    with pytest.raises(ValueError, match="sums of squared gradients exceed the range of "
+                                         "float32.*Please scale the features"):
+        _make(name).fit(X, y)
+    est = _make(name).fit(*binary)
+    before, P = _snapshot(est), _predict(est, X)
+    with pytest.raises(ValueError, match="sums of squared gradients"):
+        est.fit(X, y)
+    _assert_same_state(est, before)
+    assert_array_equal(_predict(est, X), P)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_divergence_in_partial_fit_keeps_the_model(binary):
     X, y = binary
@@ -672,6 +695,21 @@ def test_gpu_divergence_raises_and_commits_nothing(binary, name):
         est.set_params(**_diverging(name, "cuda").get_params()).fit(X, y)
     _assert_same_state(est, before)
     assert_array_equal(_predict(est, X), P)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, scale", SUMS_OVERFLOW)
+def test_gpu_overflowing_adagrad_sums_raise(binary, name, scale):
+    X, y = binary
+    X = X.copy()
+    X.data *= scale
+    est = _make(name, "cuda").fit(*binary)
+    before = _snapshot(est)
+    with pytest.raises(ValueError, match="sums of squared gradients exceed the range of "
+                                         "float32"):
+        est.fit(X, y)
+    _assert_same_state(est, before)
 
 
 @pytest.mark.gpu
