@@ -353,7 +353,7 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
     n_heads = 1 if (not fm or n_classes == 2) else n_classes
     solver = est.solver
     sample_block, workers = est.batch_size, 1
-    if solver != "lbfgs":
+    if solver not in _memory.WHOLE_DATA_SOLVERS:
         loss = ("squared" if not is_classifier(est) else
                 "logistic" if n_outputs == 1 else "multinomial")
         params = StepParams(model="fm" if fm else "linear", loss=loss, solver=solver)
@@ -371,7 +371,8 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
                         else True),
         validation_fraction=(
             est.validation_fraction
-            if solver != "lbfgs" and uses_validation(est.early_stopping, X.shape[0]) else None),
+            if solver not in _memory.WHOLE_DATA_SOLVERS
+            and uses_validation(est.early_stopping, X.shape[0]) else None),
         fit_intercept=bool(est.fit_intercept), on_device=bool(backend.holds(X)),
         concurrent=workers != 1,
         warm=hasattr(est, "coef_") and (not reset or bool(getattr(est, "warm_start", False))),

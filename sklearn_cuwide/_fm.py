@@ -7,6 +7,7 @@ from numbers import Integral, Real
 import numpy as np
 from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._backends import _cpu
@@ -40,6 +41,7 @@ from ._minibatch import (
     unit_weights,
     validation_attrs,
 )
+from ._mcmc import fit_mcmc
 from ._penalty_choice import (
     PENALTY_MULTIPLIERS,
     choice_seeds,
@@ -47,6 +49,7 @@ from ._penalty_choice import (
     choose_penalty_multiplier,
     penalty_choice_mode,
 )
+from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams, shared_draws
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
@@ -98,8 +101,18 @@ _FM_PARAMS_DOC = """
         Fit an unregularised intercept.
     init_scale : float, default=0.01
         Standard deviation of the random normal initial factors.
-    solver : {"sgd", "adagrad"}, default="adagrad"
-        cuWide's mini-batch solvers over the tiled layout.
+    solver : {"sgd", "adagrad", "mcmc"}, default="adagrad"
+        cuWide's mini-batch solvers over the tiled layout; for the regressor
+        alone also ``"mcmc"``: Bayesian inference by Gibbs sampling
+        (libFM's MCMC), which draws the strengths of the penalties (the
+        priors' precisions) with the parameters and the noise, so that
+        nothing is tuned: ``alpha``, ``beta``, ``scale_penalty``,
+        ``batch_size``, ``learning_rate``, ``tol``, ``early_stopping``,
+        ``validation_fraction``, ``n_iter_no_change``, ``shuffle``,
+        ``warm_start`` and ``concurrency`` do not apply to it, ``max_iter``
+        is its number of sweeps over the parameters (all run: 200 to 400
+        on MovieLens-100k), and the model kept is the mean of every sweep's
+        draw.  ``partial_fit`` does not take it.  See the user guide.
     batch_size : int, default=1024
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
@@ -828,6 +841,10 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     """
 
     _loss = "squared"
+    _parameter_constraints: dict = {
+        **_BaseFM._parameter_constraints,
+        "solver": [StrOptions({"sgd", "adagrad", "mcmc"})],
+    }
 
     def __init__(
         self,
@@ -886,19 +903,53 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                                               defer_scans=True)
             check_weight_range(sw)
             progress.stage("input checks")
-            warm = self._continued_states(X.shape[1], 1)
-            scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
-            progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
-            targets = [_standardise(y, scaling)]
-            multiplier, results = self._chosen_fit(X, targets, sw, None, warm, backend,
-                                                   progress, scans)
-            commit(self, {"device_": device_, "_target_scale_fixed": True,
-                          "penalty_multiplier_": float(multiplier),
-                          **self._fitted_attrs(results, partial=False,
-                                               target_scaling=scaling)})
-            self._set_gpu_cache(backend, results)
+            if self.solver == "mcmc":
+                commit(self, {"device_": device_,
+                              **self._fit_mcmc(X, y, sw, backend, progress, scans)})
+                self._set_gpu_cache(backend)
+            else:
+                warm = self._continued_states(X.shape[1], 1)
+                scaling = self._fit_target_scaling(y, sw, continued=warm is not None)
+                progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
+                targets = [_standardise(y, scaling)]
+                multiplier, results = self._chosen_fit(X, targets, sw, None, warm, backend,
+                                                       progress, scans)
+                commit(self, {"device_": device_, "_target_scale_fixed": True,
+                              "penalty_multiplier_": float(multiplier),
+                              **self._fitted_attrs(results, partial=False,
+                                                   target_scaling=scaling)})
+                self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
         return self
+
+    def _fit_mcmc(self, X, y, sw, backend, progress, scans):
+        """The fitted attributes of ``solver="mcmc"``
+        (:func:`~sklearn_cuwide._mcmc.fit_mcmc` on the backend, on the
+        standardised target)."""
+        if scans is not None:
+            scans.on_host()
+        scaling = _target_scaling(y, sw, fit_intercept=self.fit_intercept)
+        progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
+        Xb = backend.put_csr(canonical_csr(X))
+        t = backend.to_device(_standardise(y, scaling))
+        swb = backend.to_device(np.asarray(sw, dtype=np.float64))
+        seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
+        res = fit_mcmc(backend.xp, Xb.indptr, Xb.indices, Xb.data, t, swb,
+                       n_features=X.shape[1], n_factors=self.n_factors,
+                       n_sweeps=self.max_iter, init_scale=self.init_scale,
+                       fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
+                       random_state=seed, progress=progress, to_host=backend.to_host)
+        del Xb, t, swb
+        coef, intercept, factors = _in_user_units(
+            res.coef, np.array([res.intercept]), res.factors,
+            (scaling[0] if self.fit_intercept else 0.0, scaling[1]))
+        curve = [c * scaling[1] ** 2 for c in res.loss_curve]
+        return {"coef_": coef, "intercept_": intercept, "factors_": factors,
+                "n_iter_": int(self.max_iter), "loss_curve_": curve,
+                "validation_score_": np.zeros(0), "best_iteration_": None,
+                "penalty_multiplier_": 1.0, "_optimizer_state": None,
+                "_target_offset": float(scaling[0]), "_target_scale": float(scaling[1]),
+                "_target_scale_fixed": True}
 
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
@@ -918,6 +969,11 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         -------
         self : object
         """
+        if self.solver == "mcmc":
+            raise ValueError(
+                "partial_fit is not available with solver='mcmc', whose sweeps draw "
+                "every parameter from all the rows at once. Call fit, or use "
+                "solver='adagrad' or 'sgd' to train part by part.")
         progress = FitProgress(self.verbose)
         first = not hasattr(self, "coef_")
         with restore_on_failure(self):

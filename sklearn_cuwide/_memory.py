@@ -54,6 +54,9 @@ HOST_CHUNK_NNZ = 1 << 24
 DEVICE_CHUNK_NNZ = 1 << 23
 #: bytes of nonzeros per chunk of a streamed layout (``DeviceLayout``)
 STREAM_CHUNK_BYTES = 64 << 20
+#: the solvers that keep the whole data on the backend as a matrix (no
+#: tiled layout, no mini-batches)
+WHOLE_DATA_SOLVERS = ("lbfgs", "mcmc")
 #: L-BFGS's stored correction pairs (``minimize_lbfgs``'s ``m``)
 LBFGS_PAIRS = 10
 #: most rows of one run of an out-of-core prediction
@@ -275,7 +278,7 @@ class FitShape:
     (one-vs-rest factorization machines); ``sample_block`` the layout's rows
     per sample block (``backend.tile_shape``); ``index_itemsize`` and
     ``value_itemsize`` are ``X``'s; ``on_device`` is True for cupy input;
-    ``solver`` "sgd", "adagrad" or "lbfgs"; ``validation_fraction`` None
+    ``solver`` "sgd", "adagrad", "lbfgs" or "mcmc"; ``validation_fraction`` None
     without early stopping; ``model_rows`` the feature rows of the model on
     the device (None: all of them; fewer: trained out of core,
     :mod:`sklearn_cuwide._out_of_core`).
@@ -587,6 +590,27 @@ def _lbfgs_parts(s, where, device_backend):
     return {"training": parts}
 
 
+def _mcmc_parts(s, where, device_backend):
+    """``{phase: {part: bytes}}`` of an MCMC fit (``_mcmc.fit_mcmc``, float64
+    throughout): on the backend the matrix, its nonzeros by block (row,
+    feature's place, value) with the blocks' build, the rows' residuals,
+    factor sums and a block's temporaries, the model with its running sums;
+    on the host of a GPU fit, the fitted model coming back."""
+    n, d, k = s.n_rows, s.n_features, s.n_factors
+    model = 8 * (1 + k) * d
+    parts = {}
+    if where == "host":
+        parts["the fitted model (float64, then float32)"] = model + 4 * (1 + k) * d
+        if device_backend:
+            return {"training": parts}
+    on = " on the device" if where == "device" else ""
+    parts["X as CSR" + on] = csr_bytes(s.nnz, n, s.index_itemsize, s.value_itemsize)
+    parts["the blocks' nonzeros and their build"] = 64 * s.nnz
+    parts["residuals, factor sums and a block's temporaries"] = (80 + 8 * k) * n
+    parts["the model, its running sums and the blocks' features"] = 2 * model + 16 * d
+    return {"training": parts}
+
+
 def fit_needs(shape, backend, layout=None, build_chunk_nnz=None, csr_whole=False):
     """``{"host": phases, "device": phases}`` of a fit (``device`` only for
     the CUDA backend), each ``{phase: {part: bytes}}``.  ``backend``: "cpu"
@@ -598,6 +622,11 @@ def fit_needs(shape, backend, layout=None, build_chunk_nnz=None, csr_whole=False
         out = {"host": _lbfgs_parts(shape, "host", backend == "cuda")}
         if backend == "cuda":
             out["device"] = _lbfgs_parts(shape, "device", True)
+        return out
+    if shape.solver == "mcmc":
+        out = {"host": _mcmc_parts(shape, "host", backend == "cuda")}
+        if backend == "cuda":
+            out["device"] = _mcmc_parts(shape, "device", True)
         return out
     if backend == "cpu":
         return {"host": _minibatch_parts(shape, "host", "host")}
@@ -775,7 +804,7 @@ def plan_fit(shape, backend, available, how):
     Nothing fits: the plan says so (``fits`` False) with the settings that
     would fit.
     """
-    if backend == "cuda" and shape.solver != "lbfgs":
+    if backend == "cuda" and shape.solver not in WHOLE_DATA_SOLVERS:
         if not shape.on_device:  # the CSR uploaded whole, when it fits beside the build
             needs = fit_needs(shape, backend, "device", csr_whole=True)
             if _within(needs, available):
@@ -797,7 +826,7 @@ def plan_fit(shape, backend, available, how):
                                   True, model_rows=rows, build_chunk_nnz=chunk)
         needs = fit_needs(shape, backend, "streamed")
     else:
-        layout = "host" if backend == "cpu" and shape.solver != "lbfgs" else None
+        layout = "host" if backend == "cpu" and shape.solver not in WHOLE_DATA_SOLVERS else None
         needs = fit_needs(shape, backend, layout)
         if _within(needs, available):
             return MemoryPlan("fit", backend, layout, needs, dict(available), dict(how), True)
@@ -853,11 +882,11 @@ def _model_rows(shape, layout, available):
 
 
 def _fits(shape, backend, available):
-    if backend == "cuda" and shape.solver != "lbfgs":
+    if backend == "cuda" and shape.solver not in WHOLE_DATA_SOLVERS:
         return any(_within(fit_needs(shape, backend, lay), available)
                    or _model_rows(shape, lay, available) is not None
                    for lay in ("device", "uploaded", "streamed"))
-    lay = "host" if backend == "cpu" and shape.solver != "lbfgs" else None
+    lay = "host" if backend == "cpu" and shape.solver not in WHOLE_DATA_SOLVERS else None
     return _within(fit_needs(shape, backend, lay), available)
 
 
@@ -884,8 +913,10 @@ def _fit_suggestions(s, backend, available, needs):
     if s.batch_size > 256 and _fits(replace(s, batch_size=256), backend, available):
         out.append("batch_size=256")
     if "device" in needs:
-        layouts = ("device", "uploaded", "streamed") if s.solver != "lbfgs" else (None,)
-        least = replace(s, model_rows=least_model_rows(s)) if s.solver != "lbfgs" else s
+        layouts = ("device", "uploaded", "streamed") if s.solver not in WHOLE_DATA_SOLVERS \
+            else (None,)
+        least = (replace(s, model_rows=least_model_rows(s))
+                 if s.solver not in WHOLE_DATA_SOLVERS else s)
         device_need = min(_peak(fit_needs(least, backend, lay)["device"])[0]
                           for lay in layouts)
         out.append(
@@ -897,8 +928,10 @@ def _fit_suggestions(s, backend, available, needs):
     else:
         # a GPU fit holds the fitted model on the host too: suggested only
         # where the host has room for what such a fit keeps there
-        layouts = ("device", "uploaded", "streamed") if s.solver != "lbfgs" else (None,)
-        least = replace(s, model_rows=least_model_rows(s)) if s.solver != "lbfgs" else s
+        layouts = ("device", "uploaded", "streamed") if s.solver not in WHOLE_DATA_SOLVERS \
+            else (None,)
+        least = (replace(s, model_rows=least_model_rows(s))
+                 if s.solver not in WHOLE_DATA_SOLVERS else s)
         gpu_host = min(_peak(fit_needs(least, "cuda", lay)["host"])[0] for lay in layouts)
         host = available.get("host")
         if host is None or gpu_host <= host:
