@@ -8,6 +8,7 @@ import numpy as np
 from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._backends import _cpu
@@ -930,7 +931,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             scans.on_host()
         scaling = _target_scaling(y, sw, fit_intercept=self.fit_intercept)
         progress.loss_unit = scaling[1] ** 2  # the lines' losses in y's units
-        Xb = backend.put_csr(canonical_csr(X))
+        # the values in float32, as every solver takes them (float64 and
+        # float32 input fit the same model); the draws are float64
+        Xb = backend.put_csr(canonical_csr(X, dtype=COMPUTE_DTYPE))
         t = backend.to_device(_standardise(y, scaling))
         swb = backend.to_device(np.asarray(sw, dtype=np.float64))
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
@@ -951,6 +954,16 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                 "_target_offset": float(scaling[0]), "_target_scale": float(scaling[1]),
                 "_target_scale_fixed": True}
 
+    def _partial_fit_available(self):
+        # as scikit-learn's MLPRegressor(solver="lbfgs"): no partial_fit at all
+        if self.solver == "mcmc":
+            raise AttributeError(
+                "partial_fit is not available with solver='mcmc', whose sweeps draw "
+                "every parameter from all the rows at once. Call fit, or use "
+                "solver='adagrad' or 'sgd' to train part by part.")
+        return True
+
+    @available_if(_partial_fit_available)
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
     def partial_fit(self, X, y, sample_weight=None):
@@ -969,11 +982,6 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         -------
         self : object
         """
-        if self.solver == "mcmc":
-            raise ValueError(
-                "partial_fit is not available with solver='mcmc', whose sweeps draw "
-                "every parameter from all the rows at once. Call fit, or use "
-                "solver='adagrad' or 'sgd' to train part by part.")
         progress = FitProgress(self.verbose)
         first = not hasattr(self, "coef_")
         with restore_on_failure(self):

@@ -24,6 +24,8 @@ ESTIMATORS = [
     GPULogisticRegression(solver="adagrad", batch_size=16, max_iter=20, device="cpu"),
     GPUFactorizationMachine(batch_size=16, max_iter=20, device="cpu"),
     GPUFactorizationMachineRegressor(batch_size=16, max_iter=20, device="cpu"),
+    # Gibbs sampling
+    GPUFactorizationMachineRegressor(solver="mcmc", max_iter=50, device="cpu"),
 ]
 
 _REPEATS = (
@@ -42,7 +44,7 @@ _BATCH_NORMALISATION = (
 
 def expected_failed_checks(estimator):
     params = estimator.get_params()
-    if params["solver"] == "lbfgs" or params["batch_size"] >= 1024:
+    if params["solver"] in ("lbfgs", "mcmc") or params["batch_size"] >= 1024:
         return {}
     failures = {
         "check_sample_weight_equivalence_on_dense_data": _REPEATS,
