@@ -77,6 +77,7 @@ def feature_blocks(xp, indptr, indices, n_features):
     block.  Each pass reads the nonzeros left once."""
     n_rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
+    indices = indices.astype(xp.int64, copy=False)
     row_of = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
     block_of = xp.full(n_features, -1, dtype=xp.int64)
     left = xp.ones(nnz, dtype=bool)  # nonzeros of the features in no block yet
@@ -117,6 +118,7 @@ def _blocks(xp, indptr, indices, data, block_of, n_blocks):
     and for each of its nonzeros the row, the feature's place among the
     block's features and the value (float64)."""
     nnz = indices.shape[0]
+    indices = indices.astype(xp.int64, copy=False)
     row_of = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
     nz_block = block_of[indices]
     out = []
@@ -225,6 +227,12 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
             w0 = new
         for feats, rows, local, x in blocks:
             m = int(feats.shape[0])
+            if not rows.size:  # features of no row: their priors
+                if fit_linear:
+                    w[feats] = mu_w + normal(m) / np.sqrt(lam_w)
+                for f in range(k):
+                    V[feats, f] = mu_v[f] + normal(m) / np.sqrt(lam_v[f])
+                continue
             er, sr = e[rows], s[rows]
             if fit_linear:
                 old = w[feats]
