@@ -413,7 +413,7 @@ def _md_systems(res, part, title):
 REAL_SUMMARY = ("ours_lr_adagrad", "ours_fm", "ours_fm_scaled", "est_lr_lbfgs", "sk_lr",
                 "est_lr_default", "est_fm_default", "sk_lr_default", "sk_lr_best",
                 "torch_lr", "torch_fm", "ours_fm_reg", "est_fm_reg", "est_fm_reg_default",
-                "sk_ridge")
+                "est_fm_reg_mcmc", "sk_ridge")
 
 
 def _md_real_summary(block):

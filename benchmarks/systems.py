@@ -34,6 +34,7 @@ from .configs import (
     LBFGS_TOL,
     FIT_REPEATS,
     LEARNING_RATE,
+    MCMC_SWEEPS,
     PREDICT_ROWS,
     REAL_FM_L2,
     REG_LEARNING_RATE,
@@ -440,6 +441,11 @@ def system_list(ctx, data, *, real):
         add("est_fm_reg_default", "ours GPUFactorizationMachineRegressor() defaults (fit)",
             "FM-fit", ("estimators", "regression", "defaults"),
             fit_of(lambda: GPUFactorizationMachineRegressor(random_state=0, device=dev)))
+        if real:  # ratings, whose rows outnumber the model's parameters (MCMC's data)
+            add("est_fm_reg_mcmc", f"ours GPUFactorizationMachineRegressor(solver='mcmc', "
+                f"max_iter={MCMC_SWEEPS}) (fit)", "FM-fit", ("estimators", "regression"),
+                fit_of(lambda: GPUFactorizationMachineRegressor(
+                    solver="mcmc", max_iter=MCMC_SWEEPS, random_state=0, device=dev)))
     return out
 
 
