@@ -438,6 +438,9 @@ def test_bad_parameters_use_the_local_rules(client, binary):
         dask_api.GPULogisticRegression(l1_ratio=1.0, client=client).fit(dX, dy)
     with pytest.raises(ValueError, match="warm_start=True is not supported"):
         dask_api.GPUFactorizationMachine(warm_start=True, client=client).fit(dX, dy)
+    with pytest.raises(ValueError, match="solver='mcmc' is not supported"):
+        dask_api.GPUFactorizationMachineRegressor(solver="mcmc", client=client).fit(
+            dX, dy.astype(float))
     with pytest.raises(ValueError, match="at least 2 classes"):
         dask_api.GPUFactorizationMachine(device="cpu", client=client).fit(
             dX, da.zeros(X.shape[0], chunks=CHUNK, dtype=int))

@@ -104,6 +104,12 @@ class _DaskWide(BaseEstimator):
                     f"{param}=True is not supported by sklearn_cuwide.dask.{name}; "
                     f"set {param}=False (or fit the single-process estimator)."
                 )
+        if getattr(self, "solver", None) == "mcmc":
+            # a sweep draws each parameter from every row: no partition-wise epochs
+            raise ValueError(
+                f"solver='mcmc' is not supported by sklearn_cuwide.dask.{name}; use "
+                "solver='adagrad' or 'sgd' (or fit the single-process estimator)."
+            )
 
     # ------------------------------------------------------------------
     def fit(self, X, y, sample_weight=None):
