@@ -2,11 +2,13 @@
 and GPUFactorizationMachineRegressor (squared loss)."""
 
 from dataclasses import replace
+from functools import partial
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -29,7 +31,9 @@ from ._base import (
     warm_start_mismatch,
 )
 from ._minibatch import (
+    BLOWUP_FACTOR,
     COMPUTE_DTYPE,
+    constant_loss,
     auto_learning_rate,
     rows_nnz,
     step_reads_row_nonzeros,
@@ -42,6 +46,7 @@ from ._minibatch import (
     unit_weights,
     validation_attrs,
 )
+from ._mcmc import diverged as mcmc_diverged
 from ._mcmc import fit_mcmc
 from ._penalty_choice import (
     PENALTY_MULTIPLIERS,
@@ -52,6 +57,7 @@ from ._penalty_choice import (
 )
 from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams, shared_draws
+from ._warn import warn
 
 __all__ = ["GPUFactorizationMachine", "GPUFactorizationMachineRegressor"]
 
@@ -102,18 +108,8 @@ _FM_PARAMS_DOC = """
         Fit an unregularised intercept.
     init_scale : float, default=0.01
         Standard deviation of the random normal initial factors.
-    solver : {"sgd", "adagrad", "mcmc"}, default="adagrad"
-        cuWide's mini-batch solvers over the tiled layout; for the regressor
-        alone also ``"mcmc"``: Bayesian inference by Gibbs sampling
-        (libFM's MCMC), which draws the strengths of the penalties (the
-        priors' precisions) with the parameters and the noise, so that
-        nothing is tuned: ``alpha``, ``beta``, ``scale_penalty``,
-        ``batch_size``, ``learning_rate``, ``tol``, ``early_stopping``,
-        ``validation_fraction``, ``n_iter_no_change``, ``shuffle``,
-        ``warm_start`` and ``concurrency`` do not apply to it, ``max_iter``
-        is its number of sweeps over the parameters (all run: 200 to 400
-        on MovieLens-100k), and the model kept is the mean of every sweep's
-        draw.  ``partial_fit`` does not take it.  See the user guide.
+    solver : %(solvers)s, default="adagrad"
+        cuWide's mini-batch solvers over the tiled layout.%(mcmc)s
     batch_size : int, default=1024
         Rows per mini-batch.
     learning_rate : "auto" or float, default="auto"
@@ -184,11 +180,30 @@ _CLASS_WEIGHT_DOC = """    class_weight : dict, "balanced" or None, default=None
 """
 
 
-def _fm_doc(cls):
-    """Put the shared parameter docs into a class docstring."""
+_MCMC_DOC = """
+        ``"mcmc"``: Bayesian inference by Gibbs sampling (libFM's MCMC),
+        which draws the strengths of the penalties (the priors' precisions)
+        and the noise with the parameters: no step size or penalty to tune,
+        so ``alpha``, ``beta``, ``scale_penalty``, ``batch_size``,
+        ``learning_rate``, ``tol``, ``early_stopping``,
+        ``validation_fraction``, ``n_iter_no_change``, ``shuffle``,
+        ``warm_start`` and ``concurrency`` do not apply to it; ``max_iter``
+        is its number of sweeps over the parameters (all run: 200 to 400 on
+        MovieLens-100k), and the model kept is the mean of every sweep's
+        draw. ``sample_weight`` counts rows (a weight of 2 is the row
+        twice), so weights summing to far fewer than the rows leave the
+        priors the stronger. It suits data whose rows outnumber the
+        parameters; ``partial_fit`` does not take it. See the user guide."""
+
+
+def _fm_doc(cls, solvers='{"sgd", "adagrad"}', mcmc=""):
+    """Put the shared parameter docs into a class docstring (``solvers``
+    and ``mcmc``: the class's solver set and the text of its extra one)."""
     if cls.__doc__:  # None under python -OO
+        params = (_FM_PARAMS_DOC.lstrip("\n").replace("%(solvers)s", solvers)
+                  .replace("%(mcmc)s", mcmc))
         cls.__doc__ = cls.__doc__.replace(
-            "    %(fm_params)s\n", _FM_PARAMS_DOC.lstrip("\n")
+            "    %(fm_params)s\n", params
         ).replace("    %(class_weight)s\n", _CLASS_WEIGHT_DOC)
     return cls
 
@@ -752,7 +767,7 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         return L - logsumexp(L, axis=1, keepdims=True)
 
 
-@_fm_doc
+@partial(_fm_doc, solvers='{"sgd", "adagrad", "mcmc"}', mcmc=_MCMC_DOC)
 class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     """Factorization machine regressor (order 2, squared loss).
 
@@ -760,9 +775,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
 
         f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
 
-    trained by cuWide's mini-batch solvers on the GPU (on the CPU without
-    one), in float32; float64 input is accepted, and the fitted arrays are
-    float32.
+    trained by cuWide's mini-batch solvers, or by Gibbs sampling
+    (``solver="mcmc"``), on the GPU (on the CPU without one), in float32;
+    float64 input is accepted, and the fitted arrays are float32.
 
     The target is standardised inside the fit (its weighted mean and
     standard deviation; without an intercept, its root mean square alone),
@@ -795,10 +810,11 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     factors_ : ndarray of shape (n_features, n_factors), float32
         The factor vectors of the features.
     n_iter_ : int
-        Epochs run.
+        Epochs run (``"mcmc"``: sweeps).
     loss_curve_ : list of float
         Mean training loss (half the squared error, in the units of ``y``
-        squared) of each epoch.
+        squared) of each epoch (``"mcmc"``: of each sweep's draw, not of
+        the mean model kept).
     validation_score_ : ndarray of shape (n_epochs,)
         With early stopping, the negative mean validation loss (half the
         squared error, in the units of ``y`` squared) of each epoch run
@@ -814,7 +830,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         rows, of four fits of four fifths of the rows scored on the fifth
         left out (then the fit of all rows with it); from 10,000 to 100,000
         rows, of the fits of all rows on early stopping's split, the best
-        fit kept; otherwise 1.  ``warm_start`` and ``partial_fit`` keep the
+        fit kept; otherwise 1 (and with ``solver="mcmc"``, which has no
+        penalties to scale).  ``warm_start`` and ``partial_fit`` keep the
         fitted model's.
     device_ : str
         The device the model was fitted on, ``"cpu"`` or ``"cuda:N"``.
@@ -943,9 +960,25 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                        fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
                        random_state=seed, progress=progress, to_host=backend.to_host)
         del Xb, t, swb
-        coef, intercept, factors = _in_user_units(
-            res.coef, np.array([res.intercept]), res.factors,
-            (scaling[0] if self.fit_intercept else 0.0, scaling[1]))
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            coef, intercept, factors = _in_user_units(
+                res.coef, np.array([res.intercept]), res.factors,
+                (scaling[0] if self.fit_intercept else 0.0, scaling[1]))
+        bad = [name for name, a in (("coefficients", coef), ("intercept", intercept),
+                                    ("factors", factors)) if not np.all(np.isfinite(a))]
+        if bad:  # beyond float32's range, in which the model is kept
+            raise mcmc_diverged(f"the fitted {' and '.join(bad)} are not finite in float32")
+        # worse than a constant without overflowing (a row of huge values):
+        # the mini-batch fits' warning, with the mini-batch fits' rule
+        base = constant_loss(_standardise(y, scaling), sw, "squared", 1)
+        if res.loss_curve and res.loss_curve[-1] > BLOWUP_FACTOR * max(base, 1.0):
+            unit = scaling[1] ** 2
+            warn(f"The training loss of the last sweep ended at {res.loss_curve[-1] * unit:.4g}, "
+                 f"far above the {base * unit:.4g} of a constant prediction: the model is "
+                 "worse than predicting a constant (solver='mcmc'), usually because the "
+                 "features are large or unscaled: scale the features (e.g. with "
+                 "sklearn.preprocessing.MaxAbsScaler, which keeps sparse data sparse).",
+                 ConvergenceWarning)
         curve = [c * scaling[1] ** 2 for c in res.loss_curve]
         return {"coef_": coef, "intercept_": intercept, "factors_": factors,
                 "n_iter_": int(self.max_iter), "loss_curve_": curve,

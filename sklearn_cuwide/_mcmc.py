@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MCMCPriors", "MCMCResult", "feature_blocks", "fit_mcmc"]
+__all__ = ["MCMCPriors", "MCMCResult", "diverged", "feature_blocks", "fit_mcmc"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,17 @@ def _normal_gamma(rng, p, total, squares, lam, priors):
     return mu, lam
 
 
+def diverged(what):
+    """The error of an MCMC fit whose draws left float64's range (values
+    of X far too large): what happened, and what to do."""
+    return ValueError(
+        f"The fit diverged: {what} (solver='mcmc'). Scale the features (e.g. with "
+        "sklearn.preprocessing.MaxAbsScaler, which keeps sparse data sparse); the "
+        "target needs no scaling (the regressor standardises it).")
+
+
+# the draws' overflows raise diverged() once a sweep ends, not numpy's warnings
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_factors,
              n_sweeps, init_scale, fit_intercept=True, fit_linear=True, random_state=0,
              priors=MCMCPriors(), progress=None, to_host=np.asarray):
@@ -192,7 +203,7 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
         none = xp.zeros(0, dtype=xp.int64)
         blocks.append((absent, none, none, xp.zeros(0, dtype=xp.float64)))
     if progress is not None:
-        progress.stage("feature blocks", f"{n_blocks} of features that share no row")
+        progress.stage("feature blocks", f"{n_blocks} blocks of features that share no row")
     k = int(n_factors)
     s = sample_weight
     # a row of weight c is c rows: the noise precision's shape counts the
@@ -256,6 +267,8 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
                 V[feats, f] = new
             e[rows] = er
         sq = float(xp.dot(s, e * e))
+        if not np.isfinite(sq):
+            raise diverged(f"the training loss of sweep {sweep} is {0.5 * sq / s_total:.4g}")
         alpha = rng.gamma(priors.a0 + s_total / 2, 1.0 / (priors.b0 + sq / 2))
         # the groups' sums on the backend, a few numbers to the host
         if fit_linear and n_features:

@@ -30,7 +30,8 @@ __all__ = ["Schedule", "HeadResult", "fit_heads", "auto_learning_rate", "uses_va
            "validation_attrs", "EARLY_STOPPING_AUTO_MIN_SAMPLES",
            "optimizer_arrays", "restore_accumulators", "logit_prior", "logit_prior_of",
            "COMPUTE_DTYPE",
-           "fm_penalties", "penalty_is_scaled", "AUTO_ALPHA", "AUTO_BETA"]
+           "fm_penalties", "penalty_is_scaled", "AUTO_ALPHA", "AUTO_BETA",
+           "BLOWUP_FACTOR", "constant_loss"]
 
 #: the dtype of the model state and of the training layout's values, and of
 #: every fitted array (``coef_``, ``intercept_``, ``factors_``) whatever the
@@ -255,7 +256,7 @@ def fit_heads(X, targets, sample_weight, *, backend, schedule, n_outputs, n_fact
         vcurve = [float(v) for v in vcurve]
         best = int(np.argmin(vcurve)) + 1 if vcurve else None
         base = constant_loss(t, sample_weight, params.loss, n_outputs)
-        if not partial and curve and curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
+        if not partial and curve and curve[-1] > BLOWUP_FACTOR * max(base, 1.0):
             blown_up.append((prefix, curve[-1], base))
         if used is not None:  # the warm states are the fit's own copies
             out, device_model = full[k].put_features(used, out), None
@@ -323,7 +324,7 @@ def validation_attrs(results):
 #: a head whose last epoch's mean training loss ends above this many times
 #: the larger of 1 and the loss of a constant prediction has blown up: a
 #: ConvergenceWarning (far enough that no sound fit, however noisy, does)
-_BLOWUP_FACTOR = 4.0
+BLOWUP_FACTOR = 4.0
 
 
 def constant_loss(t, sw, loss, n_outputs):

@@ -216,6 +216,33 @@ def test_units_of_y_do_not_matter():
     assert est.best_iteration_ is None and est.validation_score_.size == 0
 
 
+def test_divergence_raises_and_a_model_worse_than_none_warns():
+    """A value of X far too large: draws beyond float32 raise (with no
+    numpy overflow warnings on the way, and the fitted model kept), and a
+    fit that stays finite but ends worse than a constant warns."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, _ = _one_hot_fields(300, [12, 9, 5], seed=3)
+    X = X.toarray()
+    y = np.random.default_rng(3).normal(size=300) + X[:, :4].sum(axis=1)
+    est = GPUFactorizationMachineRegressor(solver="mcmc", n_factors=2, max_iter=20,
+                                           random_state=0, device="cpu").fit(X, y)
+    coef = est.coef_.copy()
+    huge = X.copy()
+    huge[0, 0] = 1e30
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="diverged.*solver='mcmc'.*Scale the features"):
+            est.fit(huge, y)
+    np.testing.assert_array_equal(est.coef_, coef)
+    large = X.copy()
+    large[0, 0] = 1e10
+    with pytest.warns(ConvergenceWarning, match="last sweep .* far above .* constant"):
+        est.fit(large, y)
+
+
 def test_no_partial_fit_and_no_classifier():
     est = GPUFactorizationMachineRegressor(solver="mcmc")
     assert not hasattr(est, "partial_fit")

@@ -23,7 +23,7 @@ from .. import _fm, _logistic
 from .._base import _HAS_CW_SAMPLE_WEIGHT, commit
 from .._logistic import _intercept_prior
 from .._minibatch import (
-    _BLOWUP_FACTOR,
+    BLOWUP_FACTOR,
     COMPUTE_DTYPE,
     _seeds,
     _warn_blown_up,
@@ -257,7 +257,7 @@ class _DaskWide(BaseEstimator):
         blown_up = []
         for k, r in enumerate(results):
             base = self._constant_loss(stats, loss, n_outputs)
-            if r.loss_curve and r.loss_curve[-1] > _BLOWUP_FACTOR * max(base, 1.0):
+            if r.loss_curve and r.loss_curve[-1] > BLOWUP_FACTOR * max(base, 1.0):
                 prefix = "" if len(results) == 1 else f"model {k + 1} of {len(results)}, "
                 blown_up.append((prefix, r.loss_curve[-1], base))
         if blown_up:
