@@ -55,6 +55,7 @@ from ._penalty_choice import (
     choose_penalty_multiplier,
     penalty_choice_mode,
 )
+from ._solvers import _SCALE_HINT
 from ._sparse import canonical_csr
 from ._state import FitProgress, ModelState, StepParams, shared_draws
 from ._warn import warn
@@ -951,7 +952,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         # the values in float32, as every solver takes them (float64 and
         # float32 input fit the same model); the draws are float64
         Xb = backend.put_csr(canonical_csr(X, dtype=COMPUTE_DTYPE))
-        t = backend.to_device(_standardise(y, scaling))
+        target = _standardise(y, scaling)
+        t = backend.to_device(target)
         swb = backend.to_device(np.asarray(sw, dtype=np.float64))
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         res = fit_mcmc(backend.xp, Xb.indptr, Xb.indices, Xb.data, t, swb,
@@ -970,15 +972,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
             raise mcmc_diverged(f"the fitted {' and '.join(bad)} are not finite in float32")
         # worse than a constant without overflowing (a row of huge values):
         # the mini-batch fits' warning, with the mini-batch fits' rule
-        base = constant_loss(_standardise(y, scaling), sw, "squared", 1)
+        base = constant_loss(target, sw, "squared", 1)
         if res.loss_curve and res.loss_curve[-1] > BLOWUP_FACTOR * max(base, 1.0):
             unit = scaling[1] ** 2
             warn(f"The training loss of the last sweep ended at {res.loss_curve[-1] * unit:.4g}, "
                  f"far above the {base * unit:.4g} of a constant prediction: the model is "
                  "worse than predicting a constant (solver='mcmc'), usually because the "
-                 "features are large or unscaled: scale the features (e.g. with "
-                 "sklearn.preprocessing.MaxAbsScaler, which keeps sparse data sparse).",
-                 ConvergenceWarning)
+                 f"features are large or unscaled: {_SCALE_HINT}.", ConvergenceWarning)
         curve = [c * scaling[1] ** 2 for c in res.loss_curve]
         return {"coef_": coef, "intercept_": intercept, "factors_": factors,
                 "n_iter_": int(self.max_iter), "loss_curve_": curve,

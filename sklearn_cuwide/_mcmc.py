@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._solvers import _SCALE_HINT, _TARGET_NOTE
+
 __all__ = ["MCMCPriors", "MCMCResult", "diverged", "feature_blocks", "fit_mcmc"]
 
 
@@ -62,7 +64,13 @@ class MCMCResult:
     n_blocks: int
 
 
-def feature_blocks(xp, indptr, indices, n_features):
+def _row_of(xp, indptr):
+    """The row of each nonzero of a CSR with pointers ``indptr``."""
+    nnz = int(indptr[-1])
+    return xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
+
+
+def feature_blocks(xp, indptr, indices, n_features, row_of=None):
     """The block of each feature (an int64 array of ``n_features``, -1 for
     a feature with no nonzero) and the blocks' count: no two features of a
     block share a row (``indptr``, ``indices``: a canonical CSR's, on the
@@ -74,11 +82,13 @@ def feature_blocks(xp, indptr, indices, n_features):
     block starts over with the features left.  The smallest eligible
     feature is first in all its rows, so every pass takes one at least;
     one-hot fields whose columns are ranges, in order, are taken a field a
-    block.  Each pass reads the nonzeros left once."""
+    block.  Each pass reads the nonzeros left once.  ``row_of``: each
+    nonzero's row, when the caller has it."""
     n_rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
     indices = indices.astype(xp.int64, copy=False)
-    row_of = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
+    if row_of is None:
+        row_of = _row_of(xp, indptr)
     block_of = xp.full(n_features, -1, dtype=xp.int64)
     left = xp.ones(nnz, dtype=bool)  # nonzeros of the features in no block yet
     n_blocks = 0
@@ -113,20 +123,22 @@ def feature_blocks(xp, indptr, indices, n_features):
     return block_of, n_blocks
 
 
-def _blocks(xp, indptr, indices, data, block_of, n_blocks):
-    """Per block ``(features, rows, local, values)``: its features (sorted),
-    and for each of its nonzeros the row, the feature's place among the
-    block's features and the value (float64)."""
-    nnz = indices.shape[0]
-    indices = indices.astype(xp.int64, copy=False)
-    row_of = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
+def _blocks(xp, row_of, indices, data, sample_weight, block_of, n_blocks):
+    """Per block ``(features, rows, local, values, weights, curvature)``:
+    its features (sorted); for each of its nonzeros the row, the feature's
+    place among the block's features, the value (float64) and the row's
+    weight; and per feature the weighted sum of its values' squares (the
+    linear weights' conditional precision over the noise's, the same every
+    sweep).  ``indices``: int64."""
     nz_block = block_of[indices]
     out = []
     for b in range(n_blocks):
         feats = xp.flatnonzero(block_of == b)
         nz = xp.flatnonzero(nz_block == b)
-        out.append((feats, row_of[nz], xp.searchsorted(feats, indices[nz]),
-                    data[nz].astype(xp.float64)))
+        rows, x = row_of[nz], data[nz].astype(xp.float64)
+        local, sr = xp.searchsorted(feats, indices[nz]), sample_weight[rows]
+        out.append((feats, rows, local, x, sr,
+                    xp.bincount(local, sr * x * x, minlength=int(feats.shape[0]))))
     return out
 
 
@@ -150,10 +162,8 @@ def _normal_gamma(rng, p, total, squares, lam, priors):
 def diverged(what):
     """The error of an MCMC fit whose draws left float64's range (values
     of X far too large): what happened, and what to do."""
-    return ValueError(
-        f"The fit diverged: {what} (solver='mcmc'). Scale the features (e.g. with "
-        "sklearn.preprocessing.MaxAbsScaler, which keeps sparse data sparse); the "
-        "target needs no scaling (the regressor standardises it).")
+    return ValueError(f"The fit diverged: {what} (solver='mcmc'). "
+                      f"{_SCALE_HINT[0].upper()}{_SCALE_HINT[1:]}{_TARGET_NOTE}.")
 
 
 # the draws' overflows raise diverged() once a sweep ends, not numpy's warnings
@@ -196,12 +206,15 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
     def normal(size):
         return device_rng.standard_normal(size)
 
-    block_of, n_blocks = feature_blocks(xp, indptr, indices, n_features)
-    blocks = _blocks(xp, indptr, indices, data, block_of, n_blocks)
+    indices = indices.astype(xp.int64, copy=False)
+    row_of = _row_of(xp, indptr)
+    block_of, n_blocks = feature_blocks(xp, indptr, indices, n_features, row_of)
+    blocks = _blocks(xp, row_of, indices, data, sample_weight, block_of, n_blocks)
+    del row_of
     absent = xp.flatnonzero(block_of < 0)
     if absent.size:  # no rows: drawn from their priors, as libFM draws them
-        none = xp.zeros(0, dtype=xp.int64)
-        blocks.append((absent, none, none, xp.zeros(0, dtype=xp.float64)))
+        none, zero = xp.zeros(0, dtype=xp.int64), xp.zeros(0, dtype=xp.float64)
+        blocks.append((absent, none, none, zero, zero, zero))
     if progress is not None:
         progress.stage("feature blocks", f"{n_blocks} blocks of features that share no row")
     k = int(n_factors)
@@ -218,7 +231,7 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
     # the residuals and each row's factor sums q[i, f] = sum_j V[j, f] x_ij
     q = xp.zeros((n, k), dtype=xp.float64)
     squares = xp.zeros(n, dtype=xp.float64)
-    for feats, rows, local, x in blocks:
+    for feats, rows, local, x, _, _ in blocks:
         Vb = V[feats][local] * x[:, None]
         q[rows] += Vb  # a block holds each row once
         squares[rows] += (Vb * Vb).sum(axis=1)
@@ -236,7 +249,7 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
             new = w0 + float(xp.dot(s, e)) * alpha / prec + rng.normal() / np.sqrt(prec)
             e -= new - w0
             w0 = new
-        for feats, rows, local, x in blocks:
+        for feats, rows, local, x, sr, curvature in blocks:
             m = int(feats.shape[0])
             if not rows.size:  # features of no row: their priors
                 if fit_linear:
@@ -244,10 +257,10 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
                 for f in range(k):
                     V[feats, f] = mu_v[f] + normal(m) / np.sqrt(lam_v[f])
                 continue
-            er, sr = e[rows], s[rows]
+            er = e[rows]
             if fit_linear:
                 old = w[feats]
-                prec = alpha * xp.bincount(local, sr * x * x, minlength=m) + lam_w
+                prec = alpha * curvature + lam_w
                 num = (alpha * xp.bincount(local, sr * x * (er + old[local] * x), minlength=m)
                        + mu_w * lam_w)
                 new = _draw(xp, normal, prec, num)
