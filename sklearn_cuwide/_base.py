@@ -351,7 +351,9 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
     fm = hasattr(est, "n_factors")
     n_outputs = 1 if (fm or n_classes == 2) else n_classes
     n_heads = 1 if (not fm or n_classes == 2) else n_classes
-    solver = est.solver
+    # the solver this call runs (the regressor's "auto" resolved on X)
+    solver = (est._solver_for(X, reset, backend) if hasattr(est, "_solver_for")
+              else est.solver)
     sample_block, workers = est.batch_size, 1
     if solver not in _memory.WHOLE_DATA_SOLVERS:
         loss = ("squared" if not is_classifier(est) else

@@ -211,8 +211,8 @@ MINIBATCH = [
         n_factors=3, solver="sgd", learning_rate=0.05, batch_size=64, max_iter=2,
         random_state=3, device="cpu", tol=None), "multiclass"),
     ("fm-regressor", lambda: local_api.GPUFactorizationMachineRegressor(
-        n_factors=4, batch_size=64, max_iter=3, random_state=4, device="cpu",
-        tol=None), "regression"),
+        solver="adagrad", n_factors=4, batch_size=64, max_iter=3, random_state=4,
+        device="cpu", tol=None), "regression"),
 ]
 
 
@@ -281,6 +281,19 @@ def test_one_partition_is_the_single_process_fit(client, name, make, problem, re
             np.testing.assert_allclose(V, rV, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got.loss_curve_, ref.loss_curve_, rtol=1e-6)
     assert got.n_iter_ == ref.n_iter_
+
+
+def test_auto_solver_trains_adagrad_epochs(client, request):
+    """The regressor's solver="auto" is Adagrad on a cluster, where a single
+    process would sample these rows (more than its parameters)."""
+    X, y = _problem("regression", request)
+    kw = dict(n_factors=2, batch_size=64, max_iter=2, random_state=4, device="cpu", tol=None)
+    assert local_api.GPUFactorizationMachineRegressor(**kw).fit(X, y).solver_ == "mcmc"
+    ref = local_api.GPUFactorizationMachineRegressor(solver="adagrad", **kw).fit(X, y)
+    dX, dy, _ = _dask(X, y, chunk=X.shape[0])
+    got = dask_api.GPUFactorizationMachineRegressor(client=client, **kw).fit(dX, dy)
+    assert got.solver_ == "adagrad"
+    np.testing.assert_allclose(got.to_local().coef_, ref.coef_, rtol=1e-6, atol=1e-7)
 
 
 def _reference_rounds(local, X, y, parts_rows, epochs, sync_every):

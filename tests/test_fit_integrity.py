@@ -53,8 +53,8 @@ def _estimators(device="cpu"):
         "lr-sgd": GPULogisticRegression(solver="sgd", batch_size=64, **kw),
         "lr-adagrad": GPULogisticRegression(solver="adagrad", batch_size=64, **kw),
         "fm": GPUFactorizationMachine(n_factors=3, batch_size=64, **kw),
-        "fm-regressor": GPUFactorizationMachineRegressor(n_factors=3, batch_size=64,
-                                                         **kw),
+        "fm-regressor": GPUFactorizationMachineRegressor(solver="adagrad", n_factors=3,
+                                                         batch_size=64, **kw),
     }
 
 

@@ -20,6 +20,12 @@ from sklearn_cuwide.datasets import make_ctr_classification, make_ctr_regression
 from sklearn_cuwide._minibatch import AUTO_ALPHA, AUTO_BETA, fm_penalties
 
 
+def _adagrad(Est):
+    """The mini-batch solver's parameter for ``Est`` (the regressor's
+    "auto" samples data of more rows than parameters)."""
+    return {"solver": "adagrad"} if Est is GPUFactorizationMachineRegressor else {}
+
+
 def _fm_reference(X, w, b, V):
     """b + X w + sum_{j<k} <V_j, V_k> x_j x_k, densely in float64."""
     X = X.toarray() if sp.issparse(X) else np.asarray(X)
@@ -246,7 +252,8 @@ def test_warm_start(small_binary, Est):
 @pytest.mark.parametrize("Est", [GPUFactorizationMachine, GPUFactorizationMachineRegressor])
 def test_sample_weight(small_binary, Est):
     X, y = small_binary
-    kw = dict(n_factors=3, max_iter=5, batch_size=1000, random_state=0, device="cpu")
+    kw = dict(n_factors=3, max_iter=5, batch_size=1000, random_state=0, device="cpu",
+              **_adagrad(Est))
     ref = Est(**kw).fit(X, y)
     # penalties per mini-batch: a constant weight changes nothing (each
     # mini-batch is a weighted mean)
@@ -302,7 +309,7 @@ def test_auto_penalties(small_binary, Est):
     # "auto": alpha = 1 / S and beta = m / S on the full objective (scaled),
     # S the total weight and m the mean nonzeros of a row
     X, y = small_binary
-    kw = dict(n_factors=3, max_iter=3, random_state=0, device="cpu")
+    kw = dict(n_factors=3, max_iter=3, random_state=0, device="cpu", **_adagrad(Est))
     auto = Est(**kw).fit(X, y)
     S, m = float(y.size), X.nnz / X.shape[0]
     given = Est(**kw, alpha=AUTO_ALPHA / S, beta=AUTO_BETA * m / S,
@@ -391,7 +398,7 @@ def test_partial_fit_takes_the_larger_datas_step(small_binary, Est, monkeypatch)
     X, y = small_binary
     assert X.shape[0] < 10_000
     steps = _record_steps(monkeypatch)
-    kw = dict(n_factors=3, max_iter=1, random_state=0, device="cpu")
+    kw = dict(n_factors=3, max_iter=1, random_state=0, device="cpu", **_adagrad(Est))
     Est(**kw).fit(X, y)
     first = {"classes": [0, 1]} if Est is GPUFactorizationMachine else {}
     Est(**kw).partial_fit(X, y, **first)
@@ -414,7 +421,7 @@ def test_classifier_step_falls_with_the_rows_nonzeros(nnz, step, monkeypatch):
     steps = _record_steps(monkeypatch)
     kw = dict(n_factors=2, max_iter=1, random_state=0, device="cpu", early_stopping=False)
     GPUFactorizationMachine(**kw).fit(X, y)
-    GPUFactorizationMachineRegressor(**kw).fit(X, y.astype(float))
+    GPUFactorizationMachineRegressor(solver="adagrad", **kw).fit(X, y.astype(float))
     assert steps == [pytest.approx(step), ADAGRAD_AUTO_LEARNING_RATE_FM]
 
 

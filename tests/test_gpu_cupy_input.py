@@ -78,7 +78,8 @@ CASES = {
     "fm": (GPUFactorizationMachine(n_factors=4, **_MB), "binary"),
     "fm-multiclass-early-stopping": (
         GPUFactorizationMachine(n_factors=4, early_stopping=True, **_MB), "multiclass"),
-    "fm-regressor": (GPUFactorizationMachineRegressor(n_factors=4, **_MB), "regression"),
+    "fm-regressor": (GPUFactorizationMachineRegressor(solver="adagrad", n_factors=4, **_MB),
+                     "regression"),
 }
 MINIBATCH = [k for k in CASES if "lbfgs" not in k]
 

@@ -26,7 +26,8 @@ GPU_ESTIMATORS = [
     GPULogisticRegression(device="cuda"),
     GPULogisticRegression(solver="adagrad", device="cuda"),
     GPUFactorizationMachine(device="cuda"),
-    GPUFactorizationMachineRegressor(device="cuda"),
+    GPUFactorizationMachineRegressor(device="cuda"),  # "auto": MCMC or Adagrad by the data
+    GPUFactorizationMachineRegressor(solver="adagrad", device="cuda"),
     GPULogisticRegression(solver="adagrad", batch_size=16, max_iter=20, device="cuda"),
     GPUFactorizationMachine(batch_size=16, max_iter=20, device="cuda"),
 ]
@@ -126,7 +127,7 @@ def test_regressor_gpu_close_to_cpu():
 
     X, y = make_ctr_regression(n_samples=30000, n_features=2**12, n_fields=6, n_numeric=2,
                                model="fm", random_state=0)
-    kw = dict(batch_size=256, max_iter=5, random_state=0, n_factors=4)
+    kw = dict(solver="adagrad", batch_size=256, max_iter=5, random_state=0, n_factors=4)
     cpu = GPUFactorizationMachineRegressor(device="cpu", **kw).fit(X[:25000], y[:25000])
     gpu = GPUFactorizationMachineRegressor(device="cuda", **kw).fit(X[:25000], y[:25000])
     r_cpu = np.sqrt(np.mean((cpu.predict(X[25000:]) - y[25000:]) ** 2))
@@ -142,8 +143,8 @@ def test_regressor_gpu_does_not_depend_on_the_units_of_y():
 
     X, y = make_ctr_regression(n_samples=5000, n_features=2**10, model="fm",
                                random_state=0)
-    kw = dict(batch_size=256, max_iter=5, random_state=0, n_factors=4, concurrency=1,
-              device="cuda")
+    kw = dict(solver="adagrad", batch_size=256, max_iter=5, random_state=0, n_factors=4,
+              concurrency=1, device="cuda")
     p = GPUFactorizationMachineRegressor(**kw).fit(X, y).predict(X)
     q = GPUFactorizationMachineRegressor(**kw).fit(X, y * 1000 + 5).predict(X)
     np.testing.assert_allclose(q, p * 1000 + 5, rtol=0, atol=1e-3 * 1000 * np.abs(p).max())

@@ -125,9 +125,10 @@ def test_pipeline_one_hot_fm_regressor():
     pipe.fit(X_tr, y_tr)
     # the interaction is most of the signal: a linear model cannot reach this
     assert pipe.score(X_te, y_te) > 0.8
+    # factors that start at zero stay there under the mini-batch solver
     lin = make_pipeline(OneHotEncoder(handle_unknown="ignore"),
-                        GPUFactorizationMachineRegressor(n_factors=1, init_scale=0.0,
-                                                         device="cpu"))
+                        GPUFactorizationMachineRegressor(solver="adagrad", n_factors=1,
+                                                         init_scale=0.0, device="cpu"))
     assert lin.fit(X_tr, y_tr).score(X_te, y_te) < 0.3
 
 

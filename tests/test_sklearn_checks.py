@@ -19,11 +19,13 @@ ESTIMATORS = [
     GPULogisticRegression(solver="sgd", device="cpu"),
     GPULogisticRegression(solver="adagrad", device="cpu"),
     GPUFactorizationMachine(device="cpu"),
-    GPUFactorizationMachineRegressor(device="cpu"),
+    GPUFactorizationMachineRegressor(device="cpu"),  # "auto": MCMC or Adagrad by the data
+    GPUFactorizationMachineRegressor(solver="adagrad", device="cpu"),
     # many mini-batches per epoch
     GPULogisticRegression(solver="adagrad", batch_size=16, max_iter=20, device="cpu"),
     GPUFactorizationMachine(batch_size=16, max_iter=20, device="cpu"),
-    GPUFactorizationMachineRegressor(batch_size=16, max_iter=20, device="cpu"),
+    GPUFactorizationMachineRegressor(solver="adagrad", batch_size=16, max_iter=20,
+                                     device="cpu"),
     # Gibbs sampling
     GPUFactorizationMachineRegressor(solver="mcmc", max_iter=50, device="cpu"),
 ]

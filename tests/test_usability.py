@@ -97,8 +97,8 @@ def test_regressor_warm_start_continues_the_same_model(regression):
     """Two warm-started fits of 3 epochs (tol=None) are one fit of 6, in
     the user's units, whatever the second call's data says about y."""
     Xtr, Xte, ytr, _ = regression
-    one = _fmr(max_iter=6, tol=None, shuffle=False).fit(Xtr, ytr * 1000 + 5)
-    two = _fmr(max_iter=3, tol=None, shuffle=False, warm_start=True)
+    one = _fmr(solver="adagrad", max_iter=6, tol=None, shuffle=False).fit(Xtr, ytr * 1000 + 5)
+    two = _fmr(solver="adagrad", max_iter=3, tol=None, shuffle=False, warm_start=True)
     two.fit(Xtr, ytr * 1000 + 5)
     assert two._target_scale > 1000
     two.fit(Xtr, ytr * 1000 + 5)

@@ -28,7 +28,8 @@ from .conftest import make_sparse_problem
 from .test_fit_integrity import _Clock
 
 STAGE = re.compile(r"^Stage: (.+?) in (\d+\.\d{3}) s(?: \(kernels \d+\.\d{3} s\))?"
-                   r"(?:: learning_rate [\d.e+-]+(?:, alpha [\d.e+-]+, beta [\d.e+-]+)?)?$")
+                   r"(?:: learning_rate [\d.e+-]+(?:, alpha [\d.e+-]+, beta [\d.e+-]+)?"
+                   r"|: solver '(?:adagrad|mcmc)')?$")
 EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d{3} s"
                    r"(?: \(kernels \d+\.\d{3} s\))?: loss [-\d.e+]+(?:, validation loss "
                    r"[-\d.e+]+)?, [\d,]+ samples/s, \d+\.\d{2} s since the fit began$")

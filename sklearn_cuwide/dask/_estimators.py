@@ -94,6 +94,11 @@ class _DaskWide(BaseEstimator):
         """An unfitted single-process estimator with this one's parameters."""
         return self._local_class(**self._local_params())
 
+    def _epoch_solver(self):
+        # the regressor's solver="auto" trains mini-batch epochs here: MCMC's
+        # sweeps draw each parameter from every row at once
+        return "adagrad" if self.solver == "auto" else self.solver
+
     def _check_supported(self):
         name = type(self).__name__
         # early_stopping="auto" (the default) is off here: the partitions
@@ -177,7 +182,7 @@ class _DaskWide(BaseEstimator):
             cw = _class_weight_vector(self.class_weight, classes, first)
         # the rows' mean nonzeros, counted only where the "auto" step reads them
         reads = self.learning_rate == "auto" and step_reads_row_nonzeros(
-            self.solver, "fm" if hasattr(self, "n_factors") else "linear",
+            self._epoch_solver(), "fm" if hasattr(self, "n_factors") else "linear",
             "squared" if self._regressor else "logistic",
             sum(s["n_rows"] for s in summaries))
         shards, stats = self._with_targets(client, shards, workers, classes, cw,
@@ -212,12 +217,12 @@ class _DaskWide(BaseEstimator):
             return float(self.learning_rate)
         rows = np.array([s["n_rows"] for s in summaries])
         n = int(rows.sum())
-        if self.solver != "sgd":  # Adagrad's constant, by model and rows
+        if self._epoch_solver() != "sgd":  # Adagrad's constant, by model and rows
             row_nnz = None
             if stats.get("row_nonzeros") is not None and stats["total_weight"] > 0:
                 row_nnz = stats["row_nonzeros"] / stats["total_weight"]
             return auto_learning_rate(
-                self.solver, None, None, loss=loss, fit_intercept=self.fit_intercept,
+                self._epoch_solver(), None, None, loss=loss, fit_intercept=self.fit_intercept,
                 backend=None, model="fm" if hasattr(self, "n_factors") else "linear",
                 n_samples=n, row_nnz=row_nnz)
         import scipy.sparse as sp
@@ -241,7 +246,7 @@ class _DaskWide(BaseEstimator):
         seed_split, seed_layout, seed_epochs, seed_init = _seeds(self.random_state)
         lr = self._learning_rate(client, shards, workers, summaries, loss, seed_split,
                                  stats)
-        params = StepParams(model=model, loss=loss, solver=self.solver,
+        params = StepParams(model=model, loss=loss, solver=self._epoch_solver(),
                             learning_rate=lr, fit_intercept=self.fit_intercept,
                             **params_kw)
         progress.stage("step parameters", params.summary())
@@ -527,7 +532,7 @@ GPULogisticRegression.__doc__ = _DOC.format(
 class _DaskFM(_DaskWide):
     def _fm_epochs(self, client, comm, local, shards, workers, summaries, n_features,
                    progress, *, loss, heads, intercepts, stats, target_scaling=None):
-        adagrad = self.solver == "adagrad"
+        adagrad = self._epoch_solver() == "adagrad"
         rows = sum(s["n_rows"] for s in summaries)
         l2_w, l2_v, scaled = fm_penalties(self.alpha, self.beta, self.scale_penalty,
                                           stats["total_weight"],
@@ -615,9 +620,10 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _DaskFM):
                  "sum_t2": (stats["sum_t2"] - 2 * off * stats["sum_t"] + off * off * S)
                  / (sc * sc)}
         mean = local._intercept_init(np.array([stats["sum_t"] / S]), np.ones(1))
-        return self._fm_epochs(client, comm, local, shards, workers, summaries,
-                               n_features, progress, loss="squared", heads=[None],
-                               intercepts=[mean], stats=stats, target_scaling=scaling)
+        return {**self._fm_epochs(client, comm, local, shards, workers, summaries,
+                                  n_features, progress, loss="squared", heads=[None],
+                                  intercepts=[mean], stats=stats, target_scaling=scaling),
+                "solver_": self._epoch_solver()}
 
 
 GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
@@ -628,4 +634,5 @@ GPUFactorizationMachineRegressor.__doc__ = _DOC.format(
                     "    ...     tol=None, random_state=0, "),
     solvers="Each epoch, every partition trains one epoch from the global model "
             "and the models are averaged, weighted by rows (or every "
-            "``sync_every`` mini-batches).")
+            "``sync_every`` mini-batches); ``solver=\"auto\"`` trains with "
+            "``\"adagrad\"`` here, and ``\"mcmc\"`` is not supported.")
