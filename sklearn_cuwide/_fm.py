@@ -201,8 +201,10 @@ _MCMC_DOC = """
         feature with a stored entry) and ``X`` holds at most 2**21 stored
         entries, as on ratings data, where it was 0.01 to 0.07 RMSE better
         than ``"adagrad"`` (and on fewer rows fitted the noise); otherwise,
-        and when ``partial_fit`` or ``warm_start`` continues a fitted model,
-        ``"adagrad"``. ``solver_`` says which ran."""
+        when ``partial_fit`` or ``warm_start`` continues a fitted model, and
+        when ``learning_rate``, ``alpha``, ``beta`` or ``scale_penalty`` is
+        set or ``early_stopping=True`` (which only it reads), ``"adagrad"``.
+        ``solver_`` says which ran."""
 
 
 def _fm_doc(cls, solvers='{"sgd", "adagrad"}, default="adagrad"', mcmc=""):

@@ -328,6 +328,20 @@ def test_auto_continues_a_fitted_model_with_adagrad():
     assert new.solver_ == "adagrad"
 
 
+
+@pytest.mark.parametrize("param", [dict(learning_rate=0.05), dict(alpha=1e-5),
+                                   dict(beta=1e-4), dict(scale_penalty=False),
+                                   dict(early_stopping=True)])
+def test_auto_is_adagrad_where_a_parameter_only_it_reads_is_set(param, capsys):
+    X, y = _auto_case(2000, seed=7)
+    est = GPUFactorizationMachineRegressor(max_iter=2, tol=None, random_state=0,
+                                           device="cpu", verbose=1)
+    assert est.fit(X, y).solver_ == "mcmc"
+    assert "solver 'mcmc'" in capsys.readouterr().out
+    assert est.set_params(**param).fit(X, y).solver_ == "adagrad"
+    assert "solver 'adagrad'" in capsys.readouterr().out
+
+
 def test_memory_is_planned_for_the_blocks():
     shape = _memory.FitShape(n_rows=10**6, n_features=2**20, nnz=4 * 10**7,
                              max_row_nnz=40, index_itemsize=4, value_itemsize=4,
