@@ -794,8 +794,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         f(x) = intercept + <coef, x> + sum_{j < k} <factors_j, factors_k> x_j x_k
 
     trained by cuWide's mini-batch solvers, or by Gibbs sampling
-    (``solver="mcmc"``), on the GPU (on the CPU without one), in float32;
-    float64 input is accepted, and the fitted arrays are float32.
+    (``solver="mcmc"``; by default, ``solver="auto"``, where the rows
+    outnumber the parameters), on the GPU (on the CPU without one), in
+    float32; float64 input is accepted, and the fitted arrays are float32.
 
     The target is standardised inside the fit (its weighted mean and
     standard deviation; without an intercept, its root mean square alone),
