@@ -199,8 +199,8 @@ _MCMC_DOC = """
         ``"auto"``: ``"mcmc"`` where the rows (of ``X``) at least equal the
         parameters of the features they hold (``n_factors + 1`` for each
         feature with a stored entry) and ``X`` holds at most 2**21 stored
-        entries, as on ratings data, where it was 0.01 to 0.07 RMSE better
-        than ``"adagrad"`` (and on fewer rows fitted the noise); otherwise,
+        entries, as on ratings data, where it was 0.01 to 0.04 RMSE better
+        than ``"adagrad"`` (and on far fewer rows fitted the noise); otherwise,
         when ``partial_fit`` or ``warm_start`` continues a fitted model, and
         when ``learning_rate``, ``alpha``, ``beta`` or ``scale_penalty`` is
         set or ``early_stopping=True`` (which only it reads), ``"adagrad"``.
@@ -917,36 +917,49 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         return float(np.dot(sw, t) / sw.sum())
 
     def _solver_for(self, X, reset, backend):
-        """The solver a call on ``X`` (checked) runs: ``solver``, or for
-        ``"auto"`` ``"mcmc"`` where :func:`~sklearn_cuwide._mcmc.suits_mcmc`
-        (a fit of a new model), else ``"adagrad"`` (and when ``partial_fit``
-        or ``warm_start`` continues the fitted model, or a parameter only the
-        mini-batch fit reads is set)."""
-        if self.solver != "auto":
-            return self.solver
+        """The solver a call on ``X`` (checked) runs (:meth:`_auto_choice`'s
+        for ``"auto"``)."""
+        return self.solver if self.solver != "auto" else self._auto_choice(X, reset, backend)[0]
+
+    def _auto_choice(self, X, reset, backend):
+        """``solver="auto"``'s ``(solver, why)``: ``"mcmc"`` where
+        :func:`~sklearn_cuwide._mcmc.suits_mcmc` (a fit of a new model),
+        else ``"adagrad"``, as when ``partial_fit`` or ``warm_start``
+        continues the fitted model or a parameter only the mini-batch fit
+        reads is set; ``why`` in words, for ``verbose``."""
+        if not reset:
+            return "adagrad", "partial_fit continues the model"
+        if self.warm_start and hasattr(self, "coef_"):
+            return "adagrad", "warm_start continues the fitted model"
         # a step, a penalty or early stopping set by hand asks for the
         # mini-batch fit, the one that reads them
-        set_by_hand = self.early_stopping is True or any(
-            not (isinstance(v, str) and v == "auto")
-            for v in (self.learning_rate, self.alpha, self.beta, self.scale_penalty))
-        if not reset or set_by_hand or (self.warm_start and hasattr(self, "coef_")):
-            return "adagrad"
+        if self.early_stopping is True:
+            return "adagrad", "early_stopping=True"
+        for name in ("learning_rate", "alpha", "beta", "scale_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, str) and v == "auto"):
+                return "adagrad", f"{name} set"
         if sp.issparse(X) or backend.holds(X):
             nnz = int(X.nnz)
             if nnz > AUTO_MCMC_MAX_NONZEROS:  # no pass over the indices
-                return "adagrad"
+                return "adagrad", f"{nnz:,} stored entries, over 2**21"
             if X.format == "csc":
                 counts = np.diff(np.asarray(X.indptr))
             else:
                 X = X.tocsr() if X.format != "csr" else X
                 idx = np.asarray(backend.to_host(X.indices), dtype=np.intp)
                 if idx.size and (idx.min() < 0 or idx.max() >= X.shape[1]):
-                    return "adagrad"  # unchecked yet: the device's scans raise
+                    # unchecked yet: the device's scans raise
+                    return "adagrad", "indices out of range"
                 counts = np.bincount(idx, minlength=X.shape[1])
         else:
             counts = np.count_nonzero(np.asarray(X), axis=0)
             nnz = int(counts.sum())
-        return "mcmc" if suits_mcmc(X.shape[0], counts, nnz, self.n_factors) else "adagrad"
+        present = int(np.count_nonzero(counts))
+        ratio = X.shape[0] / max((self.n_factors + 1) * present, 1)
+        why = f"{ratio:.2f} rows per parameter of the {present:,} features present"
+        return ("mcmc" if suits_mcmc(X.shape[0], counts, nnz, self.n_factors)
+                else "adagrad"), why
 
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
@@ -974,8 +987,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                                               y_numeric=True, backend=backend,
                                               defer_scans=True)
             check_weight_range(sw)
-            solver = self._solver_for(X, True, backend)
-            progress.stage("input checks", f"solver {solver!r}" if self.solver == "auto" else None)
+            solver, why = ((self.solver, None) if self.solver != "auto"
+                           else self._auto_choice(X, True, backend))
+            progress.stage("input checks", why and f"solver {solver!r} ({why})")
             if solver == "mcmc":
                 commit(self, {"device_": device_, "solver_": solver,
                               **self._fit_mcmc(X, y, sw, backend, progress, scans)})

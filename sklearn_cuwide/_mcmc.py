@@ -27,9 +27,9 @@ predictions (docs/design/defaults.rst).
 Rule: the regressor's ``solver="auto"`` samples (:func:`suits_mcmc`) where
 the rows at least equal the parameters of the features they hold and the
 data are small.  Why: there MCMC beat the default Adagrad fit on
-ratings and planted FMs by 0.01 to 0.07 RMSE (and lost at most 0.004 on
-planted linear models); with fewer rows than parameters it fitted the noise
-(docs/design/defaults.rst).
+ratings and planted FMs by 0.01 to 0.04 RMSE (and lost at most about 0.005
+on planted linear models); with a fifth of a row per parameter or fewer it
+fitted the noise (docs/design/defaults.rst).
 """
 
 from dataclasses import dataclass

@@ -29,7 +29,7 @@ from .test_fit_integrity import _Clock
 
 STAGE = re.compile(r"^Stage: (.+?) in (\d+\.\d{3}) s(?: \(kernels \d+\.\d{3} s\))?"
                    r"(?:: learning_rate [\d.e+-]+(?:, alpha [\d.e+-]+, beta [\d.e+-]+)?"
-                   r"|: solver '(?:adagrad|mcmc)')?$")
+                   r"|: solver '(?:adagrad|mcmc)' \([^()]+\))?$")
 EPOCH = re.compile(r"^(?:Model (\d+) of (\d+), )?[Ee]poch (\d+)/(\d+) in \d+\.\d{3} s"
                    r"(?: \(kernels \d+\.\d{3} s\))?: loss [-\d.e+]+(?:, validation loss "
                    r"[-\d.e+]+)?, [\d,]+ samples/s, \d+\.\d{2} s since the fit began$")
