@@ -189,7 +189,8 @@ _MCMC_DOC = """
         so ``alpha``, ``beta``, ``scale_penalty``, ``batch_size``,
         ``learning_rate``, ``tol``, ``early_stopping``,
         ``validation_fraction``, ``n_iter_no_change``, ``shuffle``,
-        ``warm_start`` and ``concurrency`` do not apply to it; ``max_iter``
+        ``warm_start`` and ``concurrency`` do not apply to it (one set to
+        other than its default warns); ``max_iter``
         is its number of sweeps over the parameters (all run: 200 to 400 on
         MovieLens-100k), and the model kept is the mean of every sweep's
         draw. ``sample_weight`` counts rows (a weight of 2 is the row
@@ -784,6 +785,23 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         return L - logsumexp(L, axis=1, keepdims=True)
 
 
+# the mini-batch parameters Gibbs sampling ignores, and their defaults
+_MCMC_UNUSED_DEFAULTS = {
+    "alpha": "auto", "beta": "auto", "scale_penalty": "auto", "batch_size": 1024,
+    "learning_rate": "auto", "tol": 1e-4, "early_stopping": "auto", "validation_fraction": 0.1,
+    "n_iter_no_change": 5, "shuffle": True, "warm_start": False, "concurrency": "auto"}
+_MCMC_UNUSED = tuple(_MCMC_UNUSED_DEFAULTS)
+
+
+def _same_param(value, default):
+    """Whether a parameter's value is its default (strings, numbers, bools)."""
+    if isinstance(default, str) or isinstance(value, str):
+        return isinstance(value, str) and value == default
+    if isinstance(default, bool) or isinstance(value, bool):
+        return value is default
+    return value == default
+
+
 @partial(_fm_doc, solvers='{"auto", "sgd", "adagrad", "mcmc"}, default="auto"',
          mcmc=_MCMC_DOC)
 class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
@@ -1013,6 +1031,14 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         """The fitted attributes of ``solver="mcmc"``
         (:func:`~sklearn_cuwide._mcmc.fit_mcmc` on the backend, on the
         standardised target)."""
+        # as scikit-learn's LogisticRegression warns of an l1_ratio its
+        # penalty ignores: a setting that changes nothing is said once
+        unused = [name for name in _MCMC_UNUSED
+                  if not _same_param(getattr(self, name), _MCMC_UNUSED_DEFAULTS[name])]
+        if unused:
+            warn(f"solver='mcmc' does not use {', '.join(unused)}: "
+                 f"{'it is' if len(unused) == 1 else 'they are'} ignored (the mini-batch "
+                 "solvers 'adagrad' and 'sgd' read them).", UserWarning)
         if scans is not None:
             scans.on_host()
         scaling = _target_scaling(y, sw, fit_intercept=self.fit_intercept)

@@ -393,3 +393,22 @@ def test_gpu_fit_scores_as_the_cpu_fit(movielens_100k):
                       cps.csr_matrix(Xa))
     assert abs(on_gpu - cpu) < 0.004, (on_gpu, cpu)
     assert abs(from_cupyx - on_gpu) < 0.004, (from_cupyx, on_gpu)
+
+
+def test_mcmc_warns_of_the_mini_batch_parameters_it_ignores():
+    import warnings
+
+    X, y = _auto_case(600, seed=8)
+    est = GPUFactorizationMachineRegressor(solver="mcmc", max_iter=2, random_state=0,
+                                           device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the defaults: nothing to say
+        est.fit(X, y)
+    with pytest.warns(UserWarning, match=r"does not use learning_rate, tol: they are ignored"):
+        est.set_params(learning_rate=0.05, tol=None).fit(X, y)
+    with pytest.warns(UserWarning, match=r"does not use batch_size: it is ignored"):
+        est.set_params(learning_rate="auto", tol=1e-4, batch_size=64).fit(X, y)
+    # the class's defaults are the ones compared with
+    params = GPUFactorizationMachineRegressor().get_params()
+    from sklearn_cuwide._fm import _MCMC_UNUSED_DEFAULTS
+    assert {k: params[k] for k in _MCMC_UNUSED_DEFAULTS} == _MCMC_UNUSED_DEFAULTS
