@@ -340,8 +340,8 @@ class _BaseFM(_CuWideEstimator):
             # for both
             auto_step = self.learning_rate == "auto"
             zeros = (stored_zero_rows(X, backend) if self.beta == "auto" or (
-                auto_step and step_reads_row_nonzeros(self._epoch_solver(), "fm", self._loss, n_rows,
-                                                      partial)) else None)
+                auto_step and step_reads_row_nonzeros(self._epoch_solver(), "fm", self._loss,
+                                                      n_rows, partial)) else None)
             mean_nnz = (rows_nnz(X, rows, backend, left_out, zeros) / max(n_train, 1)
                         if self.beta == "auto" else 1.0)
             # under unit weights the step's weighted mean row is beta's plain
