@@ -850,7 +850,8 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         The solver that ran (``"auto"`` resolved) in the last ``fit`` or
         ``partial_fit``.
     n_iter_ : int
-        Epochs run (``"mcmc"``: sweeps).
+        Epochs run (``"mcmc"``: sweeps; ``partial_fit`` counts on, from 1
+        after a sampled model, as ``loss_curve_`` starts again).
     loss_curve_ : list of float
         Mean training loss (half the squared error, in the units of ``y``
         squared) of each epoch (``"mcmc"``: of each sweep's draw, not of
@@ -1134,10 +1135,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                 X, targets, sw, backend, warm, stratify=None,
                 partial=True, progress=progress, multiplier=multiplier,
             )
+            # the epochs are counted on from a model the epochs fitted, from 1
+            # after a sampled one (whose counts are sweeps)
+            on = getattr(self, "solver_", None) != "mcmc"
             commit(self, {"device_": device_, "_target_scale_fixed": fixed or varied,
                           "solver_": self._epoch_solver(),
                           "penalty_multiplier_": float(multiplier),
-                          **self._fitted_attrs(results, partial=True,
+                          **self._fitted_attrs(results, partial=on,
                                                target_scaling=scaling)})
             self._set_gpu_cache(backend, results)
         progress.finish(device=self.device_)
