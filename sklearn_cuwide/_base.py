@@ -329,7 +329,7 @@ def _available(backend):
     return avail, how
 
 
-def _plan_fit(est, X, y, backend, reset, n_classes=None):
+def _plan_fit(est, X, y, backend, reset, n_classes=None, solver=None):
     """Plan the fit's memory (:func:`sklearn_cuwide._memory.plan_fit`) once
     the input is checked, before anything big is allocated: raise
     :class:`~sklearn_cuwide._memory.InsufficientMemoryError` when it cannot
@@ -351,9 +351,8 @@ def _plan_fit(est, X, y, backend, reset, n_classes=None):
     fm = hasattr(est, "n_factors")
     n_outputs = 1 if (fm or n_classes == 2) else n_classes
     n_heads = 1 if (not fm or n_classes == 2) else n_classes
-    # the solver this call runs (the regressor's "auto" resolved on X)
-    solver = (est._solver_for(X, reset, backend) if hasattr(est, "_solver_for")
-              else est.solver)
+    if solver is None:  # the caller's when the data chose it
+        solver = est._epoch_solver()
     sample_block, workers = est.batch_size, 1
     if solver not in _memory.WHOLE_DATA_SOLVERS:
         loss = ("squared" if not is_classifier(est) else
@@ -773,6 +772,12 @@ class _CuWideEstimator(BaseEstimator):
     A fit on a GPU may keep the model's arrays on the device in attributes
     whose names start with ``_gpu``; they are never pickled.
     """
+
+    def _epoch_solver(self):
+        """The solver a call runs where its data do not choose it:
+        ``solver``, the FM regressor's ``"auto"`` being ``"adagrad"`` (its
+        mini-batch fits, ``partial_fit`` and warm starts)."""
+        return "adagrad" if self.solver == "auto" else self.solver
 
     def _heads(self):  # pragma: no cover - abstract
         """``[(w, b, V), ...]`` from the public fitted attributes."""

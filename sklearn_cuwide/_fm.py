@@ -1,6 +1,7 @@
 """Factorization machines (order 2): GPUFactorizationMachine (logistic loss)
 and GPUFactorizationMachineRegressor (squared loss)."""
 
+import inspect
 from dataclasses import replace
 from functools import partial
 from numbers import Integral, Real
@@ -247,12 +248,6 @@ class _BaseFM(_CuWideEstimator):
         "solver": [StrOptions({"sgd", "adagrad"})],
         "tol": [Interval(Real, 0, None, closed="left"), None],
     }
-
-    def _epoch_solver(self):
-        """The mini-batch solver that trains the epochs: ``solver``, the
-        regressor's ``"auto"`` being ``"adagrad"`` (its mini-batch fits,
-        ``partial_fit`` and warm starts)."""
-        return "adagrad" if self.solver == "auto" else self.solver
 
     def _set_fm_params(self, params):
         """Store the constructor's parameters (its ``locals()``) as they are."""
@@ -785,12 +780,10 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
         return L - logsumexp(L, axis=1, keepdims=True)
 
 
-# the mini-batch parameters Gibbs sampling ignores, and their defaults
-_MCMC_UNUSED_DEFAULTS = {
-    "alpha": "auto", "beta": "auto", "scale_penalty": "auto", "batch_size": 1024,
-    "learning_rate": "auto", "tol": 1e-4, "early_stopping": "auto", "validation_fraction": 0.1,
-    "n_iter_no_change": 5, "shuffle": True, "warm_start": False, "concurrency": "auto"}
-_MCMC_UNUSED = tuple(_MCMC_UNUSED_DEFAULTS)
+# the mini-batch parameters Gibbs sampling ignores
+_MCMC_UNUSED = ("alpha", "beta", "scale_penalty", "batch_size", "learning_rate", "tol",
+                "early_stopping", "validation_fraction", "n_iter_no_change", "shuffle",
+                "warm_start", "concurrency")
 
 
 def _same_param(value, default):
@@ -935,19 +928,12 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
     def _intercept_init(self, t, sw):
         return float(np.dot(sw, t) / sw.sum())
 
-    def _solver_for(self, X, reset, backend):
-        """The solver a call on ``X`` (checked) runs (:meth:`_auto_choice`'s
-        for ``"auto"``)."""
-        return self.solver if self.solver != "auto" else self._auto_choice(X, reset, backend)[0]
-
-    def _auto_choice(self, X, reset, backend):
-        """``solver="auto"``'s ``(solver, why)``: ``"mcmc"`` where
-        :func:`~sklearn_cuwide._mcmc.suits_mcmc` (a fit of a new model),
-        else ``"adagrad"``, as when ``partial_fit`` or ``warm_start``
-        continues the fitted model or a parameter only the mini-batch fit
-        reads is set; ``why`` in words, for ``verbose``."""
-        if not reset:
-            return "adagrad", "partial_fit continues the model"
+    def _auto_choice(self, X, backend):
+        """``solver="auto"``'s ``(solver, why)`` for a ``fit`` of ``X``
+        (checked): ``"mcmc"`` where :func:`~sklearn_cuwide._mcmc.suits_mcmc`,
+        else ``"adagrad"``, as when ``warm_start`` continues the fitted model
+        or a parameter only the mini-batch fit reads is set (``partial_fit``
+        takes :meth:`_epoch_solver`'s); ``why`` in words, for ``verbose``."""
         if self.warm_start and hasattr(self, "coef_"):
             return "adagrad", "warm_start continues the fitted model"
         # a step, a penalty or early stopping set by hand asks for the
@@ -955,8 +941,7 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         if self.early_stopping is True:
             return "adagrad", "early_stopping=True"
         for name in ("learning_rate", "alpha", "beta", "scale_penalty"):
-            v = getattr(self, name)
-            if not (isinstance(v, str) and v == "auto"):
+            if not _same_param(getattr(self, name), "auto"):
                 return "adagrad", f"{name} set"
         if sp.issparse(X) or backend.holds(X):
             nnz = int(X.nnz)
@@ -1002,12 +987,14 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         progress = FitProgress(self.verbose)
         with restore_on_failure(self):
             device_, backend = _fit_device(self.device, X)
+            # planned once the solver is known (the data choose "auto"'s)
             X, y, sw, scans = _check_fit_data(self, X, y, sample_weight, reset=True,
                                               y_numeric=True, backend=backend,
-                                              defer_scans=True)
+                                              plan=False, defer_scans=True)
             check_weight_range(sw)
             solver, why = ((self.solver, None) if self.solver != "auto"
-                           else self._auto_choice(X, True, backend))
+                           else self._auto_choice(X, backend))
+            _plan_fit(self, X, y, backend, True, solver=solver)
             progress.stage("input checks", why and f"solver {solver!r} ({why})")
             if solver == "mcmc":
                 commit(self, {"device_": device_, "solver_": solver,
@@ -1287,3 +1274,10 @@ def _unit_factors(scale):
 def _standardise(y, scaling):
     offset, scale = scaling
     return (np.asarray(y, dtype=np.float64) - offset) / scale
+
+
+# their defaults, the regressor's signature's
+_MCMC_UNUSED_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(GPUFactorizationMachineRegressor.__init__).parameters.items()
+    if name in _MCMC_UNUSED}
