@@ -378,7 +378,7 @@ SOLVER_CASES = {
     "fmr-sgd": lambda: GPUFactorizationMachineRegressor(
         solver="sgd", n_factors=3, max_iter=2, random_state=0, device="cpu"),
     "fmr-adagrad": lambda: GPUFactorizationMachineRegressor(
-        n_factors=3, max_iter=2, random_state=0, device="cpu"),
+        solver="adagrad", n_factors=3, max_iter=2, random_state=0, device="cpu"),
 }
 
 #: (format, corruption); the compressed formats' corruptions are of their
