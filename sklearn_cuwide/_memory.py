@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from ._backends._tiles import MAX_HOT, in_order_scratch_sizes
 from ._layout import MAX_SAMPLE_BLOCK
+from ._mcmc import CHUNK_VALUES
 from ._out_of_core import (
     PIECE_ROWS, SLOT_FRACTION, WINDOW_BYTES_PER_NNZ, state_row_bytes, window_nnz,
 )
@@ -606,7 +607,13 @@ def _mcmc_parts(s, where, device_backend):
     on = " on the device" if where == "device" else ""
     parts["X as CSR" + on] = csr_bytes(s.nnz, n, s.index_itemsize, s.value_itemsize)
     parts["the blocks' nonzeros and their build"] = 64 * s.nnz
-    parts["residuals, factor sums and a block's temporaries"] = (80 + 8 * k) * n
+    # a chunk's products of parameter pairs with their running sums, and its
+    # precisions with their Cholesky factors (_mcmc.CHUNK_VALUES bounds them)
+    p = k + 1
+    chunk = min(CHUNK_VALUES["device" if where == "device" else "host"],
+                max(n * p * (p + 1) // 2, d * p * p))
+    parts["residuals, factor sums and a block's temporaries"] = (
+        (16 + 8 * k) * n + (32 * p + 48) * n + 5 * 8 * chunk)
     parts["the model, its running sums and the blocks' features"] = 2 * model + 16 * d
     return {"training": parts}
 

@@ -1,6 +1,6 @@
 """The MCMC solver of the FM regressor (``sklearn_cuwide._mcmc``): its
-blocks, its sweeps against a slow one-parameter-at-a-time numpy reference
-with the same draws, and the estimator with ``solver="mcmc"``."""
+blocks, its sweeps against a slow feature-at-a-time numpy reference with
+the same draws, and the estimator with ``solver="mcmc"``."""
 
 import numpy as np
 import pytest
@@ -64,14 +64,16 @@ def test_one_hot_fields_are_one_block_each():
 
 
 # --------------------------------------------------------------------------
-# the sweeps against a reference: one parameter at a time, explicit loops
+# the sweeps against a reference: one feature at a time, explicit loops
 # --------------------------------------------------------------------------
 def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_linear,
                random_state, priors=MCMCPriors()):
-    """libFM's MCMC written plainly: each parameter's conditional from the
-    model's prediction recomputed over its rows, in the order of the
-    blocks (features with no nonzero last), the same draws as
-    :func:`fit_mcmc` takes (which this does not read)."""
+    """Gibbs sampling written plainly: each feature's weight and factors
+    from their joint Gaussian conditional, built from the model's
+    prediction recomputed over its rows, in the order of the blocks
+    (features with no nonzero last, from their priors one parameter at a
+    time, as libFM draws them), the same draws as :func:`fit_mcmc` takes
+    (which this does not read)."""
     n, d = X.shape
     k = n_factors
     Xc = X.tocsc()
@@ -100,33 +102,47 @@ def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_l
     sums = [0.0, np.zeros(d), np.zeros((d, k))]
     curve = []
 
-    def draw(feats, grad, param, mu, lam):
-        """Each feature's parameter from its conditional, given the others."""
-        z = dev.standard_normal(len(feats))
-        new = []
-        for j, f in enumerate(feats):
-            rows = Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
-            h = np.array([grad(i, f) for i in rows])
-            resid = np.array([y[i] - predict(i) for i in rows])
-            theta = param(f)
-            prec = alpha * np.sum(s[rows] * h * h) + lam
-            num = alpha * np.sum(s[rows] * h * (resid + theta * h)) + mu * lam
-            new.append(num / prec + z[j] / np.sqrt(prec))
-        return np.array(new)
+    def h_of(i, f):
+        """Feature f's parameters' coefficients in row i's prediction."""
+        x = dense[i]
+        pair = [x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f]) for c in range(k)]
+        return np.array(([x[f]] if fit_linear else []) + pair)
+
+    def theta_of(f):
+        return np.concatenate([[w[f]] if fit_linear else [], V[f]])
 
     for _ in range(n_sweeps):
         if fit_intercept:
             resid = np.array([y[i] - predict(i) for i in range(n)])
             prec = alpha * s.sum()
             w0 = w0 + np.dot(s, resid) / s.sum() + rng.normal() / np.sqrt(prec)
-        for feats in order:
+        mu = np.concatenate([[mu_w] if fit_linear else [], mu_v])
+        lam = np.concatenate([[lam_w] if fit_linear else [], lam_v])
+        p = mu.size
+        for feats in order[:n_blocks]:
+            # each feature's (w_f, V_f) from its joint conditional given the
+            # others, in the block's order; the block's normals drawn at once
+            z = dev.standard_normal(len(feats) * p).reshape(len(feats), p)
+            new = []
+            for j, f in enumerate(feats):
+                rows = Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
+                h = np.array([h_of(i, f) for i in rows])
+                resid = np.array([y[i] - predict(i) for i in rows]) + h @ theta_of(f)
+                P = alpha * (h.T * s[rows]) @ h + np.diag(lam)
+                b = alpha * h.T @ (s[rows] * resid) + lam * mu
+                mean = np.linalg.solve(P, b)
+                L = np.linalg.cholesky(P)
+                new.append(mean + np.linalg.solve(L.T, z[j]))
+            new = np.array(new).reshape(len(feats), p)
             if fit_linear:
-                w[feats] = draw(feats, lambda i, f: dense[i, f], lambda f: w[f], mu_w, lam_w)
+                w[feats] = new[:, 0]
+            V[feats] = new[:, 1 if fit_linear else 0:]
+        if len(order) > n_blocks:  # no nonzero: the priors
+            feats = order[-1]
+            if fit_linear:
+                w[feats] = mu_w + dev.standard_normal(len(feats)) / np.sqrt(lam_w)
             for c in range(k):
-                def grad(i, f, c=c):
-                    x = dense[i]
-                    return x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f])
-                V[feats, c] = draw(feats, grad, lambda f, c=c: V[f, c], mu_v[c], lam_v[c])
+                V[feats, c] = mu_v[c] + dev.standard_normal(len(feats)) / np.sqrt(lam_v[c])
         resid = np.array([y[i] - predict(i) for i in range(n)])
         sq = np.dot(s, resid ** 2)
         alpha = rng.gamma(priors.a0 + s.sum() / 2, 1 / (priors.b0 + sq / 2))
@@ -151,7 +167,7 @@ def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_l
 
 @pytest.mark.parametrize("fit_intercept, fit_linear, weighted", [
     (True, True, False), (True, True, True), (False, True, False), (True, False, True)])
-def test_sweeps_match_one_parameter_at_a_time(fit_intercept, fit_linear, weighted):
+def test_sweeps_match_a_feature_at_a_time(fit_intercept, fit_linear, weighted):
     # the last feature has no nonzero: drawn from its prior
     X = sp.hstack([_random_csr(25, 8, 0.35, seed=4), sp.csr_matrix((25, 1))], format="csr")
     rng = np.random.default_rng(5)
@@ -244,7 +260,7 @@ def test_divergence_raises_and_a_model_worse_than_none_warns():
             est.fit(huge, y)
     np.testing.assert_array_equal(est.coef_, coef)
     large = X.copy()
-    large[0, 0] = 1e10
+    large[0, 0] = 1e20  # (1e8 to 1e12 raise, as 1e30 does, at this seed)
     with pytest.warns(ConvergenceWarning, match="last sweep .* far above .* constant"):
         est.fit(large, y)
 
@@ -396,6 +412,57 @@ def test_gpu_fit_scores_as_the_cpu_fit(movielens_100k):
                       cps.csr_matrix(Xa))
     assert abs(on_gpu - cpu) < 0.004, (on_gpu, cpu)
     assert abs(from_cupyx - on_gpu) < 0.004, (from_cupyx, on_gpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fit_linear", [True, False])
+def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_linear):
+    """The device's generator replaced by numpy's stream (copied to the
+    device): the GPU's chain is the CPU's to rounding, a feature with no
+    nonzero included; run twice, it repeats its bits (no atomic sums)."""
+    import cupy as cp
+
+    class HostStream:
+        def __init__(self, seed):
+            self.rs = np.random.RandomState(seed)
+
+        def standard_normal(self, size):
+            return cp.asarray(self.rs.standard_normal(size))
+
+    X = sp.hstack([_random_csr(400, 30, 0.15, seed=7), sp.csr_matrix((400, 1))], format="csr")
+    rng = np.random.default_rng(8)
+    y, s = rng.normal(size=400), rng.uniform(0.2, 3.0, 400)
+    kw = dict(n_features=31, n_factors=4, n_sweeps=6, init_scale=0.3, fit_linear=fit_linear,
+              random_state=3)
+    cpu = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, **kw)
+    args = [cp.asarray(a) for a in (X.indptr.astype(np.int64), X.indices, X.data, y, s)]
+    monkeypatch.setattr(cp.random, "RandomState", HostStream)
+    gpu = [fit_mcmc(cp, *args, to_host=cp.asnumpy, **kw) for _ in range(2)]
+    np.testing.assert_allclose(gpu[0].factors, cpu.factors, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(gpu[0].coef, cpu.coef, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(gpu[0].loss_curve, cpu.loss_curve, rtol=1e-7)
+    np.testing.assert_array_equal(gpu[0].factors, gpu[1].factors)
+    np.testing.assert_array_equal(gpu[0].coef, gpu[1].coef)
+
+
+def test_chunks_bound_the_temporaries_and_do_not_change_the_draws(monkeypatch):
+    """Chunks of features and groups of parameter pairs as small as they go
+    draw the chain of one chunk a block."""
+    from sklearn_cuwide import _mcmc
+
+    X = _random_csr(300, 25, 0.2, seed=9)
+    rng = np.random.default_rng(10)
+    y = rng.normal(size=300)
+    kw = dict(n_features=25, n_factors=3, n_sweeps=5, init_scale=0.3, random_state=4)
+    args = (X.indptr.astype(np.int64), X.indices, X.data, y, np.ones(300))
+    whole = fit_mcmc(np, *args, **kw)
+    monkeypatch.setattr(_mcmc, "CHUNK_VALUES", {"host": 1, "device": 1})
+    chunks = _mcmc._chunks(np.array([3, 5, 9]), 10, 16, 1)
+    assert chunks == [(0, 1, 0, 3), (1, 2, 3, 5), (2, 3, 5, 9)]
+    small = fit_mcmc(np, *args, **kw)
+    np.testing.assert_allclose(small.factors, whole.factors, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(small.coef, whole.coef, rtol=1e-10, atol=1e-13)
 
 
 def test_mcmc_warns_of_the_mini_batch_parameters_it_ignores():
