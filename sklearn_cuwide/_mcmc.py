@@ -21,11 +21,9 @@ rating and click data make one block a field.
 Rule: a feature's weight and factors are drawn jointly, from their
 ``(1 + n_factors)``-variate Gaussian conditional (:func:`_draw_block`),
 where libFM draws them one at a time.  Why: a block costs a fixed count of
-array operations whatever the factors (on the GPU, launches were the
-sweep's cost: 1.25 s for 100 sweeps of MovieLens's u1, 21 s on 50,000
-rows of 39 fields, drawing a factor at a time), the sums are running
-sums, in one order on every run, and the chain is the same posterior's,
-which scored as well on MovieLens (docs/design/defaults.rst).
+array operations whatever the factors (the GPU's launches were the
+sweep's cost), its sums are in one order on every run, and it samples the
+same posterior, as well (docs/design/defaults.rst).
 
 Rule: the fitted model is the mean of the parameters' draws over all the
 sweeps (libFM averages all its sweeps' predictions).  Why: a model like
@@ -160,8 +158,7 @@ def feature_blocks(xp, indptr, indices, n_features, row_of=None):
 #: the most float64 values of a chunk's products of its parameters (the
 #: largest of a draw's temporaries; twice that with their running sums),
 #: whatever the rows, features and factors: on the host a size that stays in
-#: the CPU's caches (8.1 s for 100 sweeps of MovieLens's u1 where 2**19
-#: took 8.6 s), on the GPU 128 MiB, few launches
+#: the CPU's caches, on the GPU 128 MiB, for few launches
 CHUNK_VALUES = {"host": 1 << 17, "device": 1 << 24}
 #: the share of its diagonal added to a conditional's precision (see _draw_block)
 JITTER = 1e-12
