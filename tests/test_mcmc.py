@@ -446,6 +446,22 @@ def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_li
     np.testing.assert_array_equal(gpu[0].coef, gpu[1].coef)
 
 
+def test_a_weighted_row_is_its_copies():
+    """Where the rows outnumber the parameters, a row of weight k and its k
+    copies give the same model to rounding (with fewer rows than
+    parameters the chain amplifies rounding: test_sklearn_checks.py)."""
+    X, _ = _one_hot_fields(600, [8, 6, 6], seed=1)
+    rng = np.random.RandomState(42)
+    y = rng.normal(size=600) + X[:, 0].toarray().ravel() * X[:, 8].toarray().ravel()
+    sw = rng.randint(0, 5, size=600)
+    kw = dict(solver="mcmc", max_iter=50, random_state=0, device="cpu")
+    weighted = GPUFactorizationMachineRegressor(**kw).fit(X, y, sample_weight=sw)
+    rep = np.repeat(np.arange(600), sw)
+    copies = GPUFactorizationMachineRegressor(**kw).fit(X[rep], y[rep])
+    np.testing.assert_allclose(weighted.predict(X), copies.predict(X), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(weighted.loss_curve_, copies.loss_curve_, rtol=1e-8)
+
+
 def test_chunks_bound_the_temporaries_and_do_not_change_the_draws(monkeypatch):
     """Chunks of features and groups of parameter pairs as small as they go
     draw the chain of one chunk a block."""
