@@ -47,7 +47,7 @@ import pytest
 import scipy.sparse as sp
 
 try:
-    from hypothesis import HealthCheck, Phase, example, given, settings
+    from hypothesis import HealthCheck, Phase, assume, example, given, settings
     from hypothesis import strategies as st
 except ImportError:  # pragma: no cover - the [test] extra brings hypothesis
     from .conftest import _in_ci
@@ -262,9 +262,18 @@ def epoch_cases(draw):
     return p, layout, y, sw, state, params, orders
 
 
+#: a reference run past this loss or parameter (from states and targets of
+#: scale 1) diverged: each step multiplies the rounding
+_DIVERGED = 1e6
+
+
 def _reference_epochs(layout, y, sw, state, params, orders):
     ref = {k: v.astype(np.float64).copy() for k, v in state.arrays().items()}
     losses = [reference_epoch(layout, y, sw, ref, params, o) for o in orders]
+    # a case whose float64 run diverges (drawn: losses of 1e9 and 6e80, with
+    # sgd under its row-norm bound and with Adagrad) grows float32's rounding
+    # with its values: no case for a comparison at a fixed tolerance
+    assume(all(np.all(np.abs(a) < _DIVERGED) for a in [np.asarray(losses), *ref.values()]))
     return losses, ref
 
 
