@@ -8,6 +8,7 @@ targets and hand arrays to the mini-batch driver
 """
 
 import functools
+from functools import update_wrapper
 import gc
 import inspect
 import threading
@@ -19,6 +20,7 @@ import scipy.sparse as sp
 from scipy.special import expit, log_expit
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import (
     _check_partial_fit_first_call,
@@ -49,6 +51,32 @@ from ._validation import (
 )
 
 __all__ = []
+
+
+class available_if_explained:
+    """:func:`sklearn.utils.metaestimators.available_if`, whose
+    ``AttributeError`` says why the method is missing and what to do.
+
+    The method is the one of ``available_if(check)``: ``hasattr`` is False
+    when ``check`` fails, as scikit-learn's checks expect; only the message
+    of the error changes, to ``why(obj)``.
+    """
+
+    def __init__(self, check, why):
+        self._check = check
+        self._why = why
+
+    def __call__(self, fn):
+        self._inner = available_if(self._check)(fn)
+        update_wrapper(self, fn)
+        return self
+
+    def __get__(self, obj, owner=None):
+        try:
+            return self._inner.__get__(obj, owner)
+        except AttributeError:
+            raise AttributeError(self._why(obj)) from None
+
 
 #: sparse formats taken as they are (anything else is converted to CSR)
 ACCEPT_SPARSE = ["csr", "csc", "coo"]

@@ -12,11 +12,11 @@ from scipy.special import log_expit, logsumexp
 from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
-from sklearn.utils.metaestimators import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._backends import _cpu
 from ._base import (
+    available_if_explained,
     _SHARED_PARAMETER_CONSTRAINTS,
     _check_fit_data,
     _CuWideEstimator,
@@ -195,8 +195,9 @@ _MCMC_DOC = """
         is its number of sweeps over the parameters (all run: 200 to 400 on
         MovieLens-100k), and the model kept is the mean of every sweep's
         draw. ``sample_weight`` counts rows (a weight of 2 is the row
-        twice), so weights summing to far fewer than the rows leave the
-        priors the stronger. It suits data whose rows outnumber the
+        twice), so weights normalised to sum to 1 hold one row's evidence
+        and the model may end no better than a constant (it warns below a
+        mean weight of 0.1). It suits data whose rows outnumber the
         parameters; ``partial_fit`` does not take it. See the user guide.
         ``"auto"``: ``"mcmc"`` where the rows (of ``X``) at least equal the
         parameters of the features they hold (``n_factors + 1`` for each
@@ -781,6 +782,9 @@ class GPUFactorizationMachine(ClassifierMixin, _WideClassifierMixin, _BaseFM):
 
 
 # the mini-batch parameters Gibbs sampling ignores
+#: solver="mcmc" warns where the weights' mean is below this (see _fit_mcmc)
+WEIGHTS_AS_ROWS_LOW = 0.1
+
 _MCMC_UNUSED = ("alpha", "beta", "scale_penalty", "batch_size", "learning_rate", "tol",
                 "early_stopping", "validation_fraction", "n_iter_no_change", "shuffle",
                 "warm_start", "concurrency")
@@ -1021,12 +1025,28 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         standardised target)."""
         # as scikit-learn's LogisticRegression warns of an l1_ratio its
         # penalty ignores: a setting that changes nothing is said once
+        # "auto" continues a sampled model with Adagrad: warm_start is used then
         unused = [name for name in _MCMC_UNUSED
-                  if not _same_param(getattr(self, name), _MCMC_UNUSED_DEFAULTS[name])]
+                  if not _same_param(getattr(self, name), _MCMC_UNUSED_DEFAULTS[name])
+                  and not (name == "warm_start" and self.solver == "auto")]
         if unused:
-            warn(f"solver='mcmc' does not use {', '.join(unused)}: "
-                 f"{'it is' if len(unused) == 1 else 'they are'} ignored (the mini-batch "
-                 "solvers 'adagrad' and 'sgd' read them).", UserWarning)
+            one = len(unused) == 1
+            chosen = "solver='mcmc'" if self.solver == "mcmc" else (
+                "solver='auto' chose 'mcmc', which")
+            warn(f"{chosen} does not use {', '.join(unused)}: "
+                 f"{'it is' if one else 'they are'} ignored (the mini-batch solvers "
+                 f"'adagrad' and 'sgd' read {'it' if one else 'them'}).", UserWarning)
+        # a row of weight c counts as c rows: weights normalised to sum to 1
+        # leave the evidence of one row, and the priors decide the model
+        n_rows = X.shape[0]
+        total = float(np.sum(sw))
+        if n_rows and total < WEIGHTS_AS_ROWS_LOW * n_rows:
+            warn(f"sample_weight sums to {total:.4g} over {n_rows} rows: solver='mcmc' "
+                 "counts a row of weight c as c rows, as scikit-learn's weights do, so "
+                 f"these weights hold the evidence of {total:.4g} rows and the model may "
+                 "end no better than a constant. If the weights are relative, scale "
+                 "them to a mean of 1 (sample_weight * n_samples / sample_weight.sum()).",
+                 UserWarning)
         if scans is not None:
             scans.on_host()
         scaling = _target_scaling(y, sw, fit_intercept=self.fit_intercept)
@@ -1057,10 +1077,13 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
         base = constant_loss(target, sw, "squared", 1)
         if res.loss_curve and res.loss_curve[-1] > BLOWUP_FACTOR * max(base, 1.0):
             unit = scaling[1] ** 2
+            why = ("the sample weights hold the evidence of few rows: scale them to a mean of 1"
+                   if total < WEIGHTS_AS_ROWS_LOW * n_rows else
+                   f"the features are large or unscaled: {_SCALE_HINT}")
             warn(f"The training loss of the last sweep ended at {res.loss_curve[-1] * unit:.4g}, "
                  f"far above the {base * unit:.4g} of a constant prediction: the model is "
-                 "worse than predicting a constant (solver='mcmc'), usually because the "
-                 f"features are large or unscaled: {_SCALE_HINT}.", ConvergenceWarning)
+                 f"worse than predicting a constant (solver='mcmc'), usually because {why}.",
+                 ConvergenceWarning)
         curve = [c * scaling[1] ** 2 for c in res.loss_curve]
         return {"coef_": coef, "intercept_": intercept, "factors_": factors,
                 "n_iter_": int(self.max_iter), "loss_curve_": curve,
@@ -1071,14 +1094,15 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
 
     def _partial_fit_available(self):
         # as scikit-learn's MLPRegressor(solver="lbfgs"): no partial_fit at all
-        if self.solver == "mcmc":
-            raise AttributeError(
-                "partial_fit is not available with solver='mcmc', whose sweeps draw "
-                "every parameter from all the rows at once. Call fit, or use "
-                "solver='adagrad' or 'sgd' to train part by part.")
-        return True
+        return self.solver != "mcmc"
 
-    @available_if(_partial_fit_available)
+    def _no_partial_fit(self):
+        return (f"This {type(self).__name__} has no attribute 'partial_fit' with "
+                "solver='mcmc', whose sweeps draw every parameter from all the rows at "
+                "once. Call fit, or use solver='adagrad' or 'sgd' to train part by part "
+                "(solver='auto' continues a sampled model with Adagrad).")
+
+    @available_if_explained(_partial_fit_available, _no_partial_fit)
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
     def partial_fit(self, X, y, sample_weight=None):

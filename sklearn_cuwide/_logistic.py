@@ -2,16 +2,15 @@
 
 import math
 from dataclasses import replace
-from functools import update_wrapper
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import log_softmax
 from sklearn.base import ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Hidden, Interval, InvalidParameterError, StrOptions
-from sklearn.utils.metaestimators import available_if
 
 from ._base import (
+    available_if_explained,
     _SHARED_PARAMETER_CONSTRAINTS,
     _check_fit_data,
     _CuWideEstimator,
@@ -53,31 +52,6 @@ def _choice_part(progress, c):
 
 def _is_minibatch(est):
     return est.solver != "lbfgs"
-
-
-class _available_if_explained:
-    """:func:`sklearn.utils.metaestimators.available_if`, whose
-    ``AttributeError`` says why the method is missing and what to do.
-
-    The method is the one of ``available_if(check)``: ``hasattr`` is False
-    when ``check`` fails, as scikit-learn's checks expect; only the message
-    of the error changes, to ``why(obj)``.
-    """
-
-    def __init__(self, check, why):
-        self._check = check
-        self._why = why
-
-    def __call__(self, fn):
-        self._inner = available_if(self._check)(fn)
-        update_wrapper(self, fn)
-        return self
-
-    def __get__(self, obj, owner=None):
-        try:
-            return self._inner.__get__(obj, owner)
-        except AttributeError:
-            raise AttributeError(self._why(obj)) from None
 
 
 #: scikit-learn's LogisticRegression solvers that have no namesake here,
@@ -543,7 +517,7 @@ class GPULogisticRegression(ClassifierMixin, _WideClassifierMixin, _CuWideEstima
                 "solver='lbfgs' accepts max_iter=0."
             )
 
-    @_available_if_explained(_is_minibatch, _partial_fit_needs_minibatch)
+    @available_if_explained(_is_minibatch, _partial_fit_needs_minibatch)
     @_fit_context(prefer_skip_nested_validation=True)
     @releases_memory
     def partial_fit(self, X, y, classes=None, sample_weight=None):

@@ -5,6 +5,7 @@ the same draws, and the estimator with ``solver="mcmc"``."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sklearn.base import clone
 from sklearn.linear_model import BayesianRidge
 from sklearn.utils._param_validation import InvalidParameterError
 
@@ -268,10 +269,10 @@ def test_divergence_raises_and_a_model_worse_than_none_warns():
 def test_no_partial_fit_and_no_classifier():
     est = GPUFactorizationMachineRegressor(solver="mcmc")
     assert not hasattr(est, "partial_fit")
-    with pytest.raises(AttributeError, match="partial_fit") as info:
+    # the error says why and what to do
+    with pytest.raises(AttributeError, match="'partial_fit' with solver='mcmc'.*Call fit, or "
+                                             "use solver='adagrad'"):
         est.partial_fit(np.ones((3, 2)), np.ones(3))
-    # why, where scikit-learn's available_if keeps it
-    assert "not available with solver='mcmc'" in str(info.value.__cause__)
     assert hasattr(GPUFactorizationMachineRegressor(), "partial_fit")
     with pytest.raises(InvalidParameterError, match="solver"):
         GPUFactorizationMachine(solver="mcmc").fit(np.eye(4), [0, 1, 0, 1])
@@ -492,8 +493,41 @@ def test_mcmc_warns_of_the_mini_batch_parameters_it_ignores():
         est.fit(X, y)
     with pytest.warns(UserWarning, match=r"does not use learning_rate, tol: they are ignored"):
         est.set_params(learning_rate=0.05, tol=None).fit(X, y)
-    with pytest.warns(UserWarning, match=r"does not use batch_size: it is ignored"):
+    with pytest.warns(UserWarning, match=r"does not use batch_size: it is ignored \(.* read it\)"):
         est.set_params(learning_rate="auto", tol=1e-4, batch_size=64).fit(X, y)
+    # "auto" that samples: says so, and warm_start is not ignored (the next
+    # fit continues with Adagrad)
+    auto = GPUFactorizationMachineRegressor(max_iter=2, random_state=0, device="cpu",
+                                            warm_start=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auto.fit(X, y)
+    assert auto.solver_ == "mcmc"
+    with pytest.warns(UserWarning, match=r"solver='auto' chose 'mcmc', which does not use "
+                                         r"tol: it is ignored"):
+        clone(auto).set_params(tol=None).fit(X, y)
+
+
+def test_mcmc_warns_of_weights_that_hold_few_rows():
+    """Weights normalised to sum to 1 hold one row's evidence: a warning says
+    so, and how to scale them; weights of mean 1 say nothing."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = _auto_case(600, seed=8)
+    est = GPUFactorizationMachineRegressor(solver="mcmc", max_iter=2, random_state=0,
+                                           device="cpu")
+    with pytest.warns(UserWarning, match=r"sample_weight sums to 1 over 600 rows.*scale them "
+                                         r"to a mean of 1"):
+        est.fit(X, y, sample_weight=np.full(600, 1 / 600))
+    # a fit that ends worse than a constant names the weights, not the features
+    with pytest.warns(ConvergenceWarning, match=r"worse than predicting a constant .*because "
+                                                r"the sample weights hold the evidence of few"):
+        est.set_params(max_iter=50).fit(X, y, sample_weight=np.full(600, 1 / 600))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est.fit(X, y, sample_weight=np.random.default_rng(0).uniform(0.5, 1.5, 600))
     # the class's defaults are the ones compared with
     params = GPUFactorizationMachineRegressor().get_params()
     from sklearn_cuwide._fm import _MCMC_UNUSED_DEFAULTS
