@@ -18,12 +18,15 @@ sampling, and each block's draws are a few array passes over its nonzeros
 where libFM loops over the features one at a time.  The one-hot fields of
 rating and click data make one block a field.
 
-Rule: a feature's weight and factors are drawn jointly, from their
-``(1 + n_factors)``-variate Gaussian conditional (:func:`_draw_block`),
-where libFM draws them one at a time.  Why: a block costs a fixed count of
-array operations whatever the factors (the GPU's launches were the
-sweep's cost), its sums are in one order on every run, and it samples the
-same posterior, as well (docs/design/defaults.rst).
+Rule: on the GPU a feature's weight and factors are drawn jointly, from
+their ``(1 + n_factors)``-variate Gaussian conditional (:func:`_draw_block`);
+on the host one parameter at a time, as libFM draws them
+(:func:`_draw_block_single`).  Why: on the GPU a block then costs a fixed
+count of array operations whatever the factors (launches were the sweep's
+cost) and its sums are in one order on every run; on the host the joint
+draws' products of parameter pairs cost three times the passes of a
+parameter at a time.  Both sample the same posterior, as well
+(docs/design/defaults.rst).
 
 Rule: the fitted model is the mean of the parameters' draws over all the
 sweeps (libFM averages all its sweeps' predictions).  Why: a model like
@@ -226,7 +229,7 @@ def _draw_block(xp, block, z, w, V, q, e, *, alpha, mu, lam, lin):
     (features x parameters).  The block comes in chunks of features
     (:func:`_chunks`), each with its pairs of parameters in groups
     (:func:`_pair_groups`), to bound the temporaries (:data:`CHUNK_VALUES`)."""
-    feats, rows, local, x, sr, chunks = block
+    feats, rows, local, x, sr, chunks, _ = block
     p = lin + V.shape[1]
     diag = xp.arange(p)
     for f0, f1, a, b, ends, pairs in chunks:
@@ -265,6 +268,38 @@ def _draw_block(xp, block, z, w, V, q, e, *, alpha, mu, lam, lin):
         V[fc] = new[:, lin:]
 
 
+def _draw_block_single(xp, block, normal, w, V, q, e, *, alpha, mu_w, lam_w, mu_v, lam_v,
+                       fit_linear):
+    """Draw one block's features a parameter at a time, as libFM does: the
+    weights, then each factor column, each from its Gaussian conditional
+    given the others (``draws="single"``; ``normal``: the block's standard
+    normal draws, one call per parameter column)."""
+    feats, rows, local, x, sr, _, curvature = block
+    m = int(feats.shape[0])
+    er = e[rows]
+    if fit_linear:
+        old = w[feats]
+        prec = alpha * curvature + lam_w
+        num = (alpha * xp.bincount(local, sr * x * (er + old[local] * x), minlength=m)
+               + mu_w * lam_w)
+        new = num / prec + normal(m) / xp.sqrt(prec)
+        er -= (new - old)[local] * x
+        w[feats] = new
+    for f in range(V.shape[1]):
+        old = V[feats, f]
+        qf = q[rows, f]
+        h = x * (qf - old[local] * x)
+        prec = alpha * xp.bincount(local, sr * h * h, minlength=m) + lam_v[f]
+        num = (alpha * xp.bincount(local, sr * h * (er + old[local] * h), minlength=m)
+               + mu_v[f] * lam_v[f])
+        new = num / prec + normal(m) / xp.sqrt(prec)
+        d = (new - old)[local]
+        er -= d * h
+        q[rows, f] = qf + d * x
+        V[feats, f] = new
+    e[rows] = er
+
+
 def _pair_groups(xp, p, n_values, most):
     """The upper triangle's ``(rows, columns)`` of a ``p x p`` matrix in
     groups whose products of ``n_values`` nonzeros stay within ``most``
@@ -298,7 +333,7 @@ def diverged(what):
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_factors,
              n_sweeps, init_scale, fit_intercept=True, fit_linear=True, random_state=0,
-             priors=MCMCPriors(), progress=None, to_host=np.asarray):
+             priors=MCMCPriors(), progress=None, to_host=np.asarray, draws=None):
     """Gibbs sampling of an order-2 factorization machine with squared loss.
 
     Parameters
@@ -321,6 +356,10 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
         Its ``step`` is called once per sweep.
     to_host : callable
         Moves a backend array to numpy.
+    draws : {"joint", "single"} or None
+        A feature's weight and factors drawn together (one Gaussian of
+        ``1 + n_factors`` dimensions) or one parameter at a time; None: joint
+        on the GPU, single on the host (see the module's rules).
 
     Returns
     -------
@@ -340,16 +379,21 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
     k = int(n_factors)
     lin = 1 if fit_linear else 0
     p = lin + k
+    if draws is None:
+        draws = "single" if xp is np else "joint"
     most = CHUNK_VALUES["host" if xp is np else "device"]
     blocks, groups = [], {}
     for feats, rows, local, x, sr, ends in _blocks(xp, row_of, indices, data, sample_weight,
                                                    block_of, n_blocks, to_host):
-        chunks = []
-        for f0, f1, a, b in _chunks(ends, p * (p + 1) // 2, p * p, most):
-            if b - a not in groups:
-                groups[b - a] = _pair_groups(xp, p, b - a, most)
-            chunks.append((f0, f1, a, b, xp.asarray(ends[f0:f1] - a), groups[b - a]))
-        blocks.append((feats, rows, local, x, sr, chunks))
+        chunks, curvature = [], None
+        if draws == "joint":
+            for f0, f1, a, b in _chunks(ends, p * (p + 1) // 2, p * p, most):
+                if b - a not in groups:
+                    groups[b - a] = _pair_groups(xp, p, b - a, most)
+                chunks.append((f0, f1, a, b, xp.asarray(ends[f0:f1] - a), groups[b - a]))
+        else:  # the weights' conditional precision over the noise's, every sweep's
+            curvature = xp.bincount(local, sr * x * x, minlength=int(feats.shape[0]))
+        blocks.append((feats, rows, local, x, sr, chunks, curvature))
     del row_of
     absent = xp.flatnonzero(block_of < 0)
     if progress is not None:
@@ -367,7 +411,7 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
     # the residuals and each row's factor sums q[i, f] = sum_j V[j, f] x_ij
     q = xp.zeros((n, k), dtype=xp.float64)
     squares = xp.zeros(n, dtype=xp.float64)
-    for feats, rows, local, x, _, _ in blocks:
+    for feats, rows, local, x, _, _, _ in blocks:
         Vb = V[feats][local] * x[:, None]
         q[rows] += Vb  # a block holds each row once
         squares[rows] += (Vb * Vb).sum(axis=1)
@@ -385,7 +429,11 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
             new = w0 + float(xp.dot(s, e)) * alpha / prec + rng.normal() / np.sqrt(prec)
             e -= new - w0
             w0 = new
-        if p:
+        if p and draws == "single":
+            for block in blocks:
+                _draw_block_single(xp, block, normal, w, V, q, e, alpha=alpha, mu_w=mu_w,
+                                   lam_w=lam_w, mu_v=mu_v, lam_v=lam_v, fit_linear=fit_linear)
+        elif p:
             mu = xp.asarray(np.concatenate([[mu_w] * lin, mu_v]))
             lam = xp.asarray(np.concatenate([[lam_w] * lin, lam_v]))
             for block in blocks:

@@ -168,7 +168,7 @@ def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_l
 
 @pytest.mark.parametrize("fit_intercept, fit_linear, weighted", [
     (True, True, False), (True, True, True), (False, True, False), (True, False, True)])
-def test_sweeps_match_a_feature_at_a_time(fit_intercept, fit_linear, weighted):
+def test_joint_sweeps_match_a_feature_at_a_time(fit_intercept, fit_linear, weighted):
     # the last feature has no nonzero: drawn from its prior
     X = sp.hstack([_random_csr(25, 8, 0.35, seed=4), sp.csr_matrix((25, 1))], format="csr")
     rng = np.random.default_rng(5)
@@ -177,8 +177,112 @@ def test_sweeps_match_a_feature_at_a_time(fit_intercept, fit_linear, weighted):
     kw = dict(n_factors=3, n_sweeps=4, init_scale=0.3, fit_intercept=fit_intercept,
               fit_linear=fit_linear, random_state=11)
     got = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s,
-                   n_features=9, **kw)
+                   n_features=9, draws="joint", **kw)
     b, w, V, curve = _reference(X, y, s, **kw)
+    np.testing.assert_allclose(got.intercept, b, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.coef, w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.factors, V, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.loss_curve, curve, rtol=1e-9)
+    if not fit_linear:
+        assert not np.any(got.coef)
+
+
+def _reference_single(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_linear,
+               random_state, priors=MCMCPriors()):
+    """libFM's MCMC written plainly (``draws="single"``): each parameter's conditional from the
+    model's prediction recomputed over its rows, in the order of the
+    blocks (features with no nonzero last), the same draws as
+    :func:`fit_mcmc` takes (which this does not read)."""
+    n, d = X.shape
+    k = n_factors
+    Xc = X.tocsc()
+    seeds = np.random.SeedSequence(random_state).generate_state(2)
+    rng = np.random.default_rng(seeds[0])
+    dev = np.random.RandomState(seeds[1])
+    block_of, n_blocks = feature_blocks(np, X.indptr.astype(np.int64), X.indices, d)
+    order = [np.flatnonzero(block_of == b) for b in range(n_blocks)]
+    if np.any(block_of < 0):
+        order.append(np.flatnonzero(block_of < 0))
+    dense = X.toarray()
+    w0 = float(np.dot(s, y) / s.sum()) if fit_intercept else 0.0
+    w = np.zeros(d)
+    V = init_scale * dev.standard_normal((d, k)).reshape(d, k)
+
+    def predict(i):
+        x = dense[i]
+        pair = 0.0
+        for a in range(d):
+            for b in range(a + 1, d):
+                pair += np.dot(V[a], V[b]) * x[a] * x[b]
+        return w0 + np.dot(w, x) + pair
+
+    alpha, mu_w, lam_w = 1.0, 0.0, 1.0
+    mu_v, lam_v = np.zeros(k), np.ones(k)
+    sums = [0.0, np.zeros(d), np.zeros((d, k))]
+    curve = []
+
+    def draw(feats, grad, param, mu, lam):
+        """Each feature's parameter from its conditional, given the others."""
+        z = dev.standard_normal(len(feats))
+        new = []
+        for j, f in enumerate(feats):
+            rows = Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
+            h = np.array([grad(i, f) for i in rows])
+            resid = np.array([y[i] - predict(i) for i in rows])
+            theta = param(f)
+            prec = alpha * np.sum(s[rows] * h * h) + lam
+            num = alpha * np.sum(s[rows] * h * (resid + theta * h)) + mu * lam
+            new.append(num / prec + z[j] / np.sqrt(prec))
+        return np.array(new)
+
+    for _ in range(n_sweeps):
+        if fit_intercept:
+            resid = np.array([y[i] - predict(i) for i in range(n)])
+            prec = alpha * s.sum()
+            w0 = w0 + np.dot(s, resid) / s.sum() + rng.normal() / np.sqrt(prec)
+        for feats in order:
+            if fit_linear:
+                w[feats] = draw(feats, lambda i, f: dense[i, f], lambda f: w[f], mu_w, lam_w)
+            for c in range(k):
+                def grad(i, f, c=c):
+                    x = dense[i]
+                    return x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f])
+                V[feats, c] = draw(feats, grad, lambda f, c=c: V[f, c], mu_v[c], lam_v[c])
+        resid = np.array([y[i] - predict(i) for i in range(n)])
+        sq = np.dot(s, resid ** 2)
+        alpha = rng.gamma(priors.a0 + s.sum() / 2, 1 / (priors.b0 + sq / 2))
+
+        def group(values, lam):
+            p, g = values.size, priors.gamma0
+            mu = rng.normal((values.sum() + g * priors.mu0) / (p + g), 1 / np.sqrt((p + g) * lam))
+            rate = (priors.b_lambda + g * (mu - priors.mu0) ** 2
+                    + np.sum((values - mu) ** 2)) / 2
+            return mu, rng.gamma((priors.a_lambda + p + 1) / 2, 1 / rate)
+
+        if fit_linear:
+            mu_w, lam_w = group(w, lam_w)
+        for c in range(k):
+            mu_v[c], lam_v[c] = group(V[:, c], lam_v[c])
+        sums[0] += w0
+        sums[1] += w
+        sums[2] += V
+        curve.append(0.5 * sq / s.sum())
+    return sums[0] / n_sweeps, sums[1] / n_sweeps, sums[2] / n_sweeps, curve
+
+
+@pytest.mark.parametrize("fit_intercept, fit_linear, weighted", [
+    (True, True, False), (True, True, True), (False, True, False), (True, False, True)])
+def test_single_sweeps_match_one_parameter_at_a_time(fit_intercept, fit_linear, weighted):
+    # the last feature has no nonzero: drawn from its prior
+    X = sp.hstack([_random_csr(25, 8, 0.35, seed=4), sp.csr_matrix((25, 1))], format="csr")
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=25)
+    s = rng.uniform(0.2, 3.0, 25) if weighted else np.ones(25)
+    kw = dict(n_factors=3, n_sweeps=4, init_scale=0.3, fit_intercept=fit_intercept,
+              fit_linear=fit_linear, random_state=11)
+    got = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s,
+                   n_features=9, draws="single", **kw)
+    b, w, V, curve = _reference_single(X, y, s, **kw)
     np.testing.assert_allclose(got.intercept, b, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.coef, w, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.factors, V, rtol=1e-9, atol=1e-12)
@@ -436,7 +540,7 @@ def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_li
     y, s = rng.normal(size=400), rng.uniform(0.2, 3.0, 400)
     kw = dict(n_features=31, n_factors=4, n_sweeps=6, init_scale=0.3, fit_linear=fit_linear,
               random_state=3)
-    cpu = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, **kw)
+    cpu = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, draws="joint", **kw)
     args = [cp.asarray(a) for a in (X.indptr.astype(np.int64), X.indices, X.data, y, s)]
     monkeypatch.setattr(cp.random, "RandomState", HostStream)
     gpu = [fit_mcmc(cp, *args, to_host=cp.asnumpy, **kw) for _ in range(2)]
@@ -447,20 +551,27 @@ def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_li
     np.testing.assert_array_equal(gpu[0].coef, gpu[1].coef)
 
 
-def test_a_weighted_row_is_its_copies():
+@pytest.mark.parametrize("draws", ["joint", "single"])
+def test_a_weighted_row_is_its_copies(draws):
     """Where the rows outnumber the parameters, a row of weight k and its k
     copies give the same model to rounding (with fewer rows than
-    parameters the chain amplifies rounding: test_sklearn_checks.py)."""
+    parameters the joint chain amplifies rounding: test_sklearn_checks.py
+    and docs/design/defaults.rst)."""
     X, _ = _one_hot_fields(600, [8, 6, 6], seed=1)
     rng = np.random.RandomState(42)
     y = rng.normal(size=600) + X[:, 0].toarray().ravel() * X[:, 8].toarray().ravel()
-    sw = rng.randint(0, 5, size=600)
-    kw = dict(solver="mcmc", max_iter=50, random_state=0, device="cpu")
-    weighted = GPUFactorizationMachineRegressor(**kw).fit(X, y, sample_weight=sw)
-    rep = np.repeat(np.arange(600), sw)
-    copies = GPUFactorizationMachineRegressor(**kw).fit(X[rep], y[rep])
-    np.testing.assert_allclose(weighted.predict(X), copies.predict(X), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(weighted.loss_curve_, copies.loss_curve_, rtol=1e-8)
+    sw = rng.randint(0, 5, size=600).astype(np.float64)
+    rep = np.repeat(np.arange(600), sw.astype(int))
+    kw = dict(n_features=X.shape[1], n_factors=8, n_sweeps=50, init_scale=0.01,
+              random_state=0, draws=draws)
+
+    def fit(X, y, s):
+        return fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, **kw)
+
+    weighted, copies = fit(X, y, sw), fit(X[rep], y[rep], np.ones(rep.size))
+    np.testing.assert_allclose(weighted.factors, copies.factors, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(weighted.coef, copies.coef, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(weighted.loss_curve, copies.loss_curve, rtol=1e-8)
 
 
 def test_chunks_bound_the_temporaries_and_do_not_change_the_draws(monkeypatch):
@@ -471,7 +582,8 @@ def test_chunks_bound_the_temporaries_and_do_not_change_the_draws(monkeypatch):
     X = _random_csr(300, 25, 0.2, seed=9)
     rng = np.random.default_rng(10)
     y = rng.normal(size=300)
-    kw = dict(n_features=25, n_factors=3, n_sweeps=5, init_scale=0.3, random_state=4)
+    kw = dict(n_features=25, n_factors=3, n_sweeps=5, init_scale=0.3, random_state=4,
+              draws="joint")
     args = (X.indptr.astype(np.int64), X.indices, X.data, y, np.ones(300))
     whole = fit_mcmc(np, *args, **kw)
     monkeypatch.setattr(_mcmc, "CHUNK_VALUES", {"host": 1, "device": 1})

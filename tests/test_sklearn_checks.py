@@ -44,22 +44,9 @@ _BATCH_NORMALISATION = (
 )
 
 
-_CHAOTIC_CHAIN = (
-    "a row of weight k and its k copies give the chain the same conditionals "
-    "but sum their products in another order; with 15 rows for 270 "
-    "parameters the joint draws turn that rounding into a difference about 3 "
-    "times larger each sweep, and 50 sweeps part the two fits (where the rows "
-    "outnumber the parameters the two agree to rounding: "
-    "tests/test_mcmc.py::test_a_weighted_row_is_its_copies)"
-)
-
-
 def expected_failed_checks(estimator):
     params = estimator.get_params()
-    if params["solver"] == "mcmc":
-        return {"check_sample_weight_equivalence_on_dense_data": _CHAOTIC_CHAIN,
-                "check_sample_weight_equivalence_on_sparse_data": _CHAOTIC_CHAIN}
-    if params["solver"] == "lbfgs" or params["batch_size"] >= 1024:
+    if params["solver"] in ("lbfgs", "mcmc") or params["batch_size"] >= 1024:
         return {}
     failures = {
         "check_sample_weight_equivalence_on_dense_data": _REPEATS,
