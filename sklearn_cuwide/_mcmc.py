@@ -167,13 +167,13 @@ CHUNK_VALUES = {"host": 1 << 17, "device": 1 << 24}
 JITTER = 1e-12
 
 
-def _blocks(xp, row_of, indices, data, sample_weight, block_of, n_blocks, to_host):
-    """Per block ``(features, rows, local, values, weights, chunks)``: its
-    features (sorted); its nonzeros ordered by feature, then row, with for
-    each the row, the feature's place among the block's features, the value
-    (float64) and the row's weight; and the block's feature ranges, each
-    with its nonzeros' range, that :func:`_draw_block` draws at once (host
-    ints; see :data:`CHUNK_VALUES`).  ``indices``: int64."""
+def _blocks(xp, row_of, indices, data, sample_weight, block_of, n_blocks, by_feature):
+    """Per block ``(features, rows, local, values, weights)``: its features
+    (sorted); for each of its nonzeros the row, the feature's place among
+    the block's features, the value (float64) and the row's weight.  The
+    nonzeros come in row order, or ordered by feature, then row, where
+    ``by_feature`` (the joint draws' running sums read each feature's
+    nonzeros together).  ``indices``: int64."""
     n_rows = int(row_of[-1]) + 1 if row_of.shape[0] else 0
     nz_block = block_of[indices]
     out = []
@@ -181,11 +181,11 @@ def _blocks(xp, row_of, indices, data, sample_weight, block_of, n_blocks, to_hos
         feats = xp.flatnonzero(block_of == b)
         nz = xp.flatnonzero(nz_block == b)
         local = xp.searchsorted(feats, indices[nz])
-        order = xp.argsort(local * n_rows + row_of[nz])  # unique keys: one order
-        nz, local = nz[order], local[order]
+        if by_feature:
+            order = xp.argsort(local * n_rows + row_of[nz])  # unique keys: one order
+            nz, local = nz[order], local[order]
         rows, x = row_of[nz], data[nz].astype(xp.float64)
-        ends = to_host(xp.cumsum(xp.bincount(local, minlength=int(feats.shape[0]))))
-        out.append((feats, rows, local, x, sample_weight[rows], ends))
+        out.append((feats, rows, local, x, sample_weight[rows]))
     return out
 
 
@@ -383,16 +383,18 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
         draws = "single" if xp is np else "joint"
     most = CHUNK_VALUES["host" if xp is np else "device"]
     blocks, groups = [], {}
-    for feats, rows, local, x, sr, ends in _blocks(xp, row_of, indices, data, sample_weight,
-                                                   block_of, n_blocks, to_host):
+    for feats, rows, local, x, sr in _blocks(xp, row_of, indices, data, sample_weight,
+                                             block_of, n_blocks, draws == "joint"):
         chunks, curvature = [], None
+        m = int(feats.shape[0])
         if draws == "joint":
+            ends = to_host(xp.cumsum(xp.bincount(local, minlength=m)))
             for f0, f1, a, b in _chunks(ends, p * (p + 1) // 2, p * p, most):
                 if b - a not in groups:
                     groups[b - a] = _pair_groups(xp, p, b - a, most)
                 chunks.append((f0, f1, a, b, xp.asarray(ends[f0:f1] - a), groups[b - a]))
         else:  # the weights' conditional precision over the noise's, every sweep's
-            curvature = xp.bincount(local, sr * x * x, minlength=int(feats.shape[0]))
+            curvature = xp.bincount(local, sr * x * x, minlength=m)
         blocks.append((feats, rows, local, x, sr, chunks, curvature))
     del row_of
     absent = xp.flatnonzero(block_of < 0)

@@ -65,16 +65,17 @@ def test_one_hot_fields_are_one_block_each():
 
 
 # --------------------------------------------------------------------------
-# the sweeps against a reference: one feature at a time, explicit loops
+# the sweeps against a reference: explicit loops over the features
 # --------------------------------------------------------------------------
-def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_linear,
-               random_state, priors=MCMCPriors()):
-    """Gibbs sampling written plainly: each feature's weight and factors
-    from their joint Gaussian conditional, built from the model's
-    prediction recomputed over its rows, in the order of the blocks
-    (features with no nonzero last, from their priors one parameter at a
-    time, as libFM draws them), the same draws as :func:`fit_mcmc` takes
-    (which this does not read)."""
+def _reference(X, y, s, *, draws, n_factors, n_sweeps, init_scale, fit_intercept,
+               fit_linear, random_state, priors=MCMCPriors()):
+    """Gibbs sampling written plainly: each feature's parameters from their
+    conditional, built from the model's prediction recomputed over its
+    rows, in the order of the blocks, features with no nonzero last (from
+    their priors); ``draws="joint"``: a feature's weight and factors from
+    one joint Gaussian, ``"single"``: one parameter at a time, as libFM
+    draws them (and the features with no nonzero in both).  The same draws
+    as :func:`fit_mcmc` takes (which this does not read)."""
     n, d = X.shape
     k = n_factors
     Xc = X.tocsc()
@@ -98,123 +99,8 @@ def _reference(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_l
                 pair += np.dot(V[a], V[b]) * x[a] * x[b]
         return w0 + np.dot(w, x) + pair
 
-    alpha, mu_w, lam_w = 1.0, 0.0, 1.0
-    mu_v, lam_v = np.zeros(k), np.ones(k)
-    sums = [0.0, np.zeros(d), np.zeros((d, k))]
-    curve = []
-
-    def h_of(i, f):
-        """Feature f's parameters' coefficients in row i's prediction."""
-        x = dense[i]
-        pair = [x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f]) for c in range(k)]
-        return np.array(([x[f]] if fit_linear else []) + pair)
-
-    def theta_of(f):
-        return np.concatenate([[w[f]] if fit_linear else [], V[f]])
-
-    for _ in range(n_sweeps):
-        if fit_intercept:
-            resid = np.array([y[i] - predict(i) for i in range(n)])
-            prec = alpha * s.sum()
-            w0 = w0 + np.dot(s, resid) / s.sum() + rng.normal() / np.sqrt(prec)
-        mu = np.concatenate([[mu_w] if fit_linear else [], mu_v])
-        lam = np.concatenate([[lam_w] if fit_linear else [], lam_v])
-        p = mu.size
-        for feats in order[:n_blocks]:
-            # each feature's (w_f, V_f) from its joint conditional given the
-            # others, in the block's order; the block's normals drawn at once
-            z = dev.standard_normal(len(feats) * p).reshape(len(feats), p)
-            new = []
-            for j, f in enumerate(feats):
-                rows = Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
-                h = np.array([h_of(i, f) for i in rows])
-                resid = np.array([y[i] - predict(i) for i in rows]) + h @ theta_of(f)
-                P = alpha * (h.T * s[rows]) @ h + np.diag(lam)
-                b = alpha * h.T @ (s[rows] * resid) + lam * mu
-                mean = np.linalg.solve(P, b)
-                L = np.linalg.cholesky(P)
-                new.append(mean + np.linalg.solve(L.T, z[j]))
-            new = np.array(new).reshape(len(feats), p)
-            if fit_linear:
-                w[feats] = new[:, 0]
-            V[feats] = new[:, 1 if fit_linear else 0:]
-        if len(order) > n_blocks:  # no nonzero: the priors
-            feats = order[-1]
-            if fit_linear:
-                w[feats] = mu_w + dev.standard_normal(len(feats)) / np.sqrt(lam_w)
-            for c in range(k):
-                V[feats, c] = mu_v[c] + dev.standard_normal(len(feats)) / np.sqrt(lam_v[c])
-        resid = np.array([y[i] - predict(i) for i in range(n)])
-        sq = np.dot(s, resid ** 2)
-        alpha = rng.gamma(priors.a0 + s.sum() / 2, 1 / (priors.b0 + sq / 2))
-
-        def group(values, lam):
-            p, g = values.size, priors.gamma0
-            mu = rng.normal((values.sum() + g * priors.mu0) / (p + g), 1 / np.sqrt((p + g) * lam))
-            rate = (priors.b_lambda + g * (mu - priors.mu0) ** 2
-                    + np.sum((values - mu) ** 2)) / 2
-            return mu, rng.gamma((priors.a_lambda + p + 1) / 2, 1 / rate)
-
-        if fit_linear:
-            mu_w, lam_w = group(w, lam_w)
-        for c in range(k):
-            mu_v[c], lam_v[c] = group(V[:, c], lam_v[c])
-        sums[0] += w0
-        sums[1] += w
-        sums[2] += V
-        curve.append(0.5 * sq / s.sum())
-    return sums[0] / n_sweeps, sums[1] / n_sweeps, sums[2] / n_sweeps, curve
-
-
-@pytest.mark.parametrize("fit_intercept, fit_linear, weighted", [
-    (True, True, False), (True, True, True), (False, True, False), (True, False, True)])
-def test_joint_sweeps_match_a_feature_at_a_time(fit_intercept, fit_linear, weighted):
-    # the last feature has no nonzero: drawn from its prior
-    X = sp.hstack([_random_csr(25, 8, 0.35, seed=4), sp.csr_matrix((25, 1))], format="csr")
-    rng = np.random.default_rng(5)
-    y = rng.normal(size=25)
-    s = rng.uniform(0.2, 3.0, 25) if weighted else np.ones(25)
-    kw = dict(n_factors=3, n_sweeps=4, init_scale=0.3, fit_intercept=fit_intercept,
-              fit_linear=fit_linear, random_state=11)
-    got = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s,
-                   n_features=9, draws="joint", **kw)
-    b, w, V, curve = _reference(X, y, s, **kw)
-    np.testing.assert_allclose(got.intercept, b, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.coef, w, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.factors, V, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.loss_curve, curve, rtol=1e-9)
-    if not fit_linear:
-        assert not np.any(got.coef)
-
-
-def _reference_single(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept, fit_linear,
-               random_state, priors=MCMCPriors()):
-    """libFM's MCMC written plainly (``draws="single"``): each parameter's conditional from the
-    model's prediction recomputed over its rows, in the order of the
-    blocks (features with no nonzero last), the same draws as
-    :func:`fit_mcmc` takes (which this does not read)."""
-    n, d = X.shape
-    k = n_factors
-    Xc = X.tocsc()
-    seeds = np.random.SeedSequence(random_state).generate_state(2)
-    rng = np.random.default_rng(seeds[0])
-    dev = np.random.RandomState(seeds[1])
-    block_of, n_blocks = feature_blocks(np, X.indptr.astype(np.int64), X.indices, d)
-    order = [np.flatnonzero(block_of == b) for b in range(n_blocks)]
-    if np.any(block_of < 0):
-        order.append(np.flatnonzero(block_of < 0))
-    dense = X.toarray()
-    w0 = float(np.dot(s, y) / s.sum()) if fit_intercept else 0.0
-    w = np.zeros(d)
-    V = init_scale * dev.standard_normal((d, k)).reshape(d, k)
-
-    def predict(i):
-        x = dense[i]
-        pair = 0.0
-        for a in range(d):
-            for b in range(a + 1, d):
-                pair += np.dot(V[a], V[b]) * x[a] * x[b]
-        return w0 + np.dot(w, x) + pair
+    def rows_of(f):
+        return Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
 
     alpha, mu_w, lam_w = 1.0, 0.0, 1.0
     mu_v, lam_v = np.zeros(k), np.ones(k)
@@ -226,7 +112,7 @@ def _reference_single(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept
         z = dev.standard_normal(len(feats))
         new = []
         for j, f in enumerate(feats):
-            rows = Xc.indices[Xc.indptr[f]:Xc.indptr[f + 1]]
+            rows = rows_of(f)
             h = np.array([grad(i, f) for i in rows])
             resid = np.array([y[i] - predict(i) for i in rows])
             theta = param(f)
@@ -235,19 +121,56 @@ def _reference_single(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept
             new.append(num / prec + z[j] / np.sqrt(prec))
         return np.array(new)
 
+    def draw_single(feats):
+        if fit_linear:
+            w[feats] = draw(feats, lambda i, f: dense[i, f], lambda f: w[f], mu_w, lam_w)
+        for c in range(k):
+            def grad(i, f, c=c):
+                x = dense[i]
+                return x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f])
+            V[feats, c] = draw(feats, grad, lambda f, c=c: V[f, c], mu_v[c], lam_v[c])
+
+    def h_of(i, f):
+        """Feature f's parameters' coefficients in row i's prediction."""
+        x = dense[i]
+        pair = [x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f]) for c in range(k)]
+        return np.array(([x[f]] if fit_linear else []) + pair)
+
+    def theta_of(f):
+        return np.concatenate([[w[f]] if fit_linear else [], V[f]])
+
+    def draw_joint(feats):
+        """Each feature's (w_f, V_f) from its joint conditional given the
+        others; the block's normals drawn at once."""
+        mu = np.concatenate([[mu_w] if fit_linear else [], mu_v])
+        lam = np.concatenate([[lam_w] if fit_linear else [], lam_v])
+        p = mu.size
+        z = dev.standard_normal(len(feats) * p).reshape(len(feats), p)
+        new = []
+        for j, f in enumerate(feats):
+            rows = rows_of(f)
+            h = np.array([h_of(i, f) for i in rows])
+            resid = np.array([y[i] - predict(i) for i in rows]) + h @ theta_of(f)
+            P = alpha * (h.T * s[rows]) @ h + np.diag(lam)
+            b = alpha * h.T @ (s[rows] * resid) + lam * mu
+            mean = np.linalg.solve(P, b)
+            L = np.linalg.cholesky(P)
+            new.append(mean + np.linalg.solve(L.T, z[j]))
+        new = np.array(new).reshape(len(feats), p)
+        if fit_linear:
+            w[feats] = new[:, 0]
+        V[feats] = new[:, 1 if fit_linear else 0:]
+
     for _ in range(n_sweeps):
         if fit_intercept:
             resid = np.array([y[i] - predict(i) for i in range(n)])
             prec = alpha * s.sum()
             w0 = w0 + np.dot(s, resid) / s.sum() + rng.normal() / np.sqrt(prec)
-        for feats in order:
-            if fit_linear:
-                w[feats] = draw(feats, lambda i, f: dense[i, f], lambda f: w[f], mu_w, lam_w)
-            for c in range(k):
-                def grad(i, f, c=c):
-                    x = dense[i]
-                    return x[f] * (np.dot(V[:, c], x) - V[f, c] * x[f])
-                V[feats, c] = draw(feats, grad, lambda f, c=c: V[f, c], mu_v[c], lam_v[c])
+        for b, feats in enumerate(order):
+            if draws == "joint" and b < n_blocks:
+                draw_joint(feats)
+            else:
+                draw_single(feats)
         resid = np.array([y[i] - predict(i) for i in range(n)])
         sq = np.dot(s, resid ** 2)
         alpha = rng.gamma(priors.a0 + s.sum() / 2, 1 / (priors.b0 + sq / 2))
@@ -270,19 +193,19 @@ def _reference_single(X, y, s, *, n_factors, n_sweeps, init_scale, fit_intercept
     return sums[0] / n_sweeps, sums[1] / n_sweeps, sums[2] / n_sweeps, curve
 
 
+@pytest.mark.parametrize("draws", ["joint", "single"])
 @pytest.mark.parametrize("fit_intercept, fit_linear, weighted", [
     (True, True, False), (True, True, True), (False, True, False), (True, False, True)])
-def test_single_sweeps_match_one_parameter_at_a_time(fit_intercept, fit_linear, weighted):
+def test_sweeps_match_the_plain_loops(draws, fit_intercept, fit_linear, weighted):
     # the last feature has no nonzero: drawn from its prior
     X = sp.hstack([_random_csr(25, 8, 0.35, seed=4), sp.csr_matrix((25, 1))], format="csr")
     rng = np.random.default_rng(5)
     y = rng.normal(size=25)
     s = rng.uniform(0.2, 3.0, 25) if weighted else np.ones(25)
     kw = dict(n_factors=3, n_sweeps=4, init_scale=0.3, fit_intercept=fit_intercept,
-              fit_linear=fit_linear, random_state=11)
-    got = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s,
-                   n_features=9, draws="single", **kw)
-    b, w, V, curve = _reference_single(X, y, s, **kw)
+              fit_linear=fit_linear, random_state=11, draws=draws)
+    got = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, n_features=9, **kw)
+    b, w, V, curve = _reference(X, y, s, **kw)
     np.testing.assert_allclose(got.intercept, b, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.coef, w, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.factors, V, rtol=1e-9, atol=1e-12)
