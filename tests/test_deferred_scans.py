@@ -243,3 +243,78 @@ def test_gpu_deferred_scans_of_clean_data_give_the_same_model(name, monkeypatch)
         if hasattr(a, attr):
             np.testing.assert_allclose(getattr(a, attr), getattr(b, attr),
                                        rtol=1e-4, atol=1e-6, err_msg=attr)
+
+
+# --------------------------------------------------------------------------
+# prediction: the copy its upload makes
+# --------------------------------------------------------------------------
+def _fitted(name, device):
+    X, y = _clean_data()
+    return _cases(device)[name]().fit(X, _target(name, y))
+
+
+def _forbid_scoring(monkeypatch, module):
+    """Make the backend's decision kernel fail if it is reached."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("decision_function ran before the input check failed")
+
+    monkeypatch.setattr(module, "decision_function", forbidden)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
+def test_predict_deferred_scans_raise_the_host_checks_messages(name, fault, monkeypatch):
+    import sklearn_cuwide._backends._cpu as cpu
+
+    est = _fitted(name, "cpu")
+    X, _, msg = _faulty(fault)
+    before = _matrix_bytes(X)
+    with pytest.raises(ValueError, match=msg):  # the host checks, at once
+        est.predict(X)
+    calls = _defer_everywhere(monkeypatch)
+    _forbid_scoring(monkeypatch, cpu)
+    with pytest.raises(ValueError, match=msg):
+        est.predict(X)
+    assert calls == ["on_device", "on_host"]  # found on the copy, named by the host's check
+    assert _matrix_bytes(X) == before
+
+
+@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
+def test_predict_deferred_scans_of_clean_data_give_the_same_values(name, monkeypatch):
+    est = _fitted(name, "cpu")
+    X, _ = _clean_data()
+    a = est.predict(X)
+    calls = _defer_everywhere(monkeypatch)
+    assert_array_equal(est.predict(X), a)
+    assert calls == ["on_device"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
+def test_gpu_predict_deferred_scans_raise_the_host_checks_messages(name, fault, monkeypatch):
+    from sklearn_cuwide._backends import _cuda
+
+    est = _fitted(name, "cuda")
+    X, _, msg = _faulty(fault)
+    before = _matrix_bytes(X)
+    calls = _gpu_defer(monkeypatch)
+    _forbid_scoring(monkeypatch, _cuda)
+    with pytest.raises(ValueError, match=msg):
+        est.predict(X)
+    assert calls == ["on_device"]
+    assert _matrix_bytes(X) == before
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
+def test_gpu_predict_deferred_scans_of_clean_data_give_the_same_values(name, monkeypatch):
+    est = _fitted(name, "cuda")
+    X, _ = _clean_data()
+    a = est.predict_proba(X) if hasattr(est, "predict_proba") else est.predict(X)
+    calls = _gpu_defer(monkeypatch)
+    b = est.predict_proba(X) if hasattr(est, "predict_proba") else est.predict(X)
+    assert calls == ["on_device"]
+    assert_array_equal(b, a)

@@ -153,3 +153,15 @@ def test_split_flags_are_numpys_flatnonzero(runs, n):
         np.testing.assert_array_equal(got, want)
     assert _host.each_of(cuts, lambda k, a, b: (k, b - a), with_index=True) == [
         (0, n // 3), (1, 0), (2, n - n // 3)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 1001])
+def test_binary_probabilities_are_the_column_stack_of_scipy(runs, n):
+    from scipy.special import expit, log_expit
+
+    z = np.random.default_rng(2).standard_normal(n) * 40  # the tails too
+    p = expit(z)
+    np.testing.assert_array_equal(_host.binary_proba(z), np.column_stack([1.0 - p, p]))
+    np.testing.assert_array_equal(_host.binary_log_proba(z),
+                                  np.column_stack([log_expit(-z), log_expit(z)]))
+    assert _host.binary_proba(z).shape == (n, 2)
