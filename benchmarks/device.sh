@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 # the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)
 MEMCHECK_K='epoch_matches_reference or row_order_kernel or in_order_kernel or concurrency_scale or all_hot or classic or packed_penalty or switches_match or ablation_entry or (predict_kernel and int32 and float32) or fused or memory_kernels or row_kernels or build_kernels or loss_kernel or factors_kernel or (cluster and (fm8 or lr-adagrad or mlr or edge))'
 RACECHECK_K1='(epoch_matches_reference and one_block) or (in_order_kernel and fm8) or all_hot or ablation_entry'
-RACECHECK_K2='fused or memory_kernels or row_kernels or build_kernels or loss_kernel or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
+RACECHECK_K2='fused or memory_kernels or row_kernels or build_kernels or loss_kernel or block_kernel or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
 SHARDS=${SHARDS:-3}
 PYTEST="python -m pytest -q -p no:cacheprovider"
 summary=()

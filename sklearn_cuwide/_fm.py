@@ -1062,7 +1062,9 @@ class GPUFactorizationMachineRegressor(RegressorMixin, _BaseFM):
                        n_features=X.shape[1], n_factors=self.n_factors,
                        n_sweeps=self.max_iter, init_scale=self.init_scale,
                        fit_intercept=self.fit_intercept, fit_linear=self.fit_linear,
-                       random_state=seed, progress=progress, to_host=backend.to_host)
+                       random_state=seed, progress=progress, to_host=backend.to_host,
+                       block_draw=backend.mcmc_block_draw(
+                           int(self.n_factors) + int(self.fit_linear)))
         del Xb, t, swb
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
             coef, intercept, factors = _in_user_units(

@@ -483,3 +483,7 @@ def prefetch(*requests):
 def get_kernel(filename, name_expression):
     """The compiled ``cupy.RawKernel`` for one instantiation, on the current device."""
     return get_kernels(filename, [name_expression])[0]
+
+
+#: Gibbs sampling's joint draw of a block of features (``cuda/cuwide_mcmc.cu``)
+MCMC_DRAW = "cuwide_mcmc_draw_block"

@@ -26,7 +26,9 @@ count of array operations whatever the factors (launches were the sweep's
 cost) and its sums are in one order on every run; on the host the joint
 draws' products of parameter pairs cost three times the passes of a
 parameter at a time.  Both sample the same posterior, as well
-(docs/design/defaults.rst).
+(docs/design/defaults.rst).  Where the backend has a kernel for it
+(``block_draw``: ``cuda/cuwide_mcmc.cu``, features of up to 33
+parameters), a block's joint draws are one launch, a warp per feature.
 
 Rule: the fitted model is the mean of the parameters' draws over all the
 sweeps (libFM averages all its sweeps' predictions).  Why: a model like
@@ -333,7 +335,8 @@ def diverged(what):
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_factors,
              n_sweeps, init_scale, fit_intercept=True, fit_linear=True, random_state=0,
-             priors=MCMCPriors(), progress=None, to_host=np.asarray, draws=None):
+             priors=MCMCPriors(), progress=None, to_host=np.asarray, draws=None,
+             block_draw=None):
     """Gibbs sampling of an order-2 factorization machine with squared loss.
 
     Parameters
@@ -360,6 +363,10 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
         A feature's weight and factors drawn together (one Gaussian of
         ``1 + n_factors`` dimensions) or one parameter at a time; None: joint
         on the GPU, single on the host (see the module's rules).
+    block_draw : callable or None
+        The backend's joint draw of a block (its kernel:
+        ``Backend.mcmc_block_draw``), in place of :func:`_draw_block`'s
+        array operations; None: those.
 
     Returns
     -------
@@ -383,11 +390,14 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
         draws = "single" if xp is np else "joint"
     most = CHUNK_VALUES["host" if xp is np else "device"]
     blocks, groups = [], {}
+    kernel = block_draw is not None and draws == "joint" and p > 0
     for feats, rows, local, x, sr in _blocks(xp, row_of, indices, data, sample_weight,
                                              block_of, n_blocks, draws == "joint"):
         chunks, curvature = [], None
         m = int(feats.shape[0])
-        if draws == "joint":
+        if kernel:  # the kernel's arrays: each feature's end, the rows as int64
+            chunks = (xp.cumsum(xp.bincount(local, minlength=m)), rows.astype(xp.int64))
+        elif draws == "joint":
             ends = to_host(xp.cumsum(xp.bincount(local, minlength=m)))
             for f0, f1, a, b in _chunks(ends, p * (p + 1) // 2, p * p, most):
                 if b - a not in groups:
@@ -441,6 +451,11 @@ def fit_mcmc(xp, indptr, indices, data, y, sample_weight, *, n_features, n_facto
             for block in blocks:
                 m = int(block[0].shape[0])
                 z = normal(m * p).reshape(m, p)
+                if kernel:
+                    feats, _, _, x, sr, (ends, rows), _ = block
+                    block_draw(feats, ends, rows, x, sr, z, w, V, q, e, alpha=alpha, mu=mu,
+                               lam=lam, lin=lin, jitter=JITTER)
+                    continue
                 try:
                     _draw_block(xp, block, z, w, V, q, e, alpha=alpha, mu=mu, lam=lam,
                                 lin=lin)

@@ -807,11 +807,10 @@ def test_ours_fit_from_device_input_fits_the_converted_matrix(monkeypatch):
             return None
 
     monkeypatch.setattr(systems, "_on_device", on_device)
-    monkeypatch.setattr(systems, "WARM_ROWS", 100)
     ctx = Ctx(True, {"budget_s": 1e9})
     rec = systems.ours_fit(ctx, d, lambda: Fits(solver="adagrad", max_iter=2, device="cpu"),
                            on_device=True)
-    assert converted == [300, 100]  # the training rows, then the warm-up's
+    assert converted == [300]  # the training rows, which the warm-up fits too
     assert fitted == [True] * (2 + systems.FIT_REPEATS)  # warm-up, timed, verbose
     assert "predict_s" not in rec and 0.5 <= rec["test_auc"] <= 1.0
     assert ("fit", repr(Fits(solver="adagrad", max_iter=2, device="cpu")), "cupyx") in ctx.warmed

@@ -444,12 +444,16 @@ def test_gpu_fit_scores_as_the_cpu_fit(movielens_100k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kernel", [False, True], ids=["array-ops", "kernel"])
 @pytest.mark.parametrize("fit_linear", [True, False])
-def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_linear):
+def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_linear, kernel):
     """The device's generator replaced by numpy's stream (copied to the
-    device): the GPU's chain is the CPU's to rounding, a feature with no
-    nonzero included; run twice, it repeats its bits (no atomic sums)."""
+    device): the GPU's chain, of array operations or of the block kernel,
+    is the CPU's to rounding, a feature with no nonzero included; run
+    twice, it repeats its bits (no atomic sums)."""
     import cupy as cp
+
+    from sklearn_cuwide._backends._cuda import mcmc_block_draw
 
     class HostStream:
         def __init__(self, seed):
@@ -466,12 +470,67 @@ def test_gpu_sweeps_match_the_cpu_sweeps_with_the_same_draws(monkeypatch, fit_li
     cpu = fit_mcmc(np, X.indptr.astype(np.int64), X.indices, X.data, y, s, draws="joint", **kw)
     args = [cp.asarray(a) for a in (X.indptr.astype(np.int64), X.indices, X.data, y, s)]
     monkeypatch.setattr(cp.random, "RandomState", HostStream)
-    gpu = [fit_mcmc(cp, *args, to_host=cp.asnumpy, **kw) for _ in range(2)]
+    draw = mcmc_block_draw(4 + fit_linear) if kernel else None
+    assert (draw is not None) == kernel
+    gpu = [fit_mcmc(cp, *args, to_host=cp.asnumpy, block_draw=draw, **kw) for _ in range(2)]
     np.testing.assert_allclose(gpu[0].factors, cpu.factors, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(gpu[0].coef, cpu.coef, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(gpu[0].loss_curve, cpu.loss_curve, rtol=1e-7)
     np.testing.assert_array_equal(gpu[0].factors, gpu[1].factors)
     np.testing.assert_array_equal(gpu[0].coef, gpu[1].coef)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("lin, k", [(1, 0), (0, 1), (1, 8), (0, 16), (1, 32)])
+def test_gpu_block_kernel_is_the_array_draw(lin, k):
+    """One block's draw by ``cuwide_mcmc.cu`` against ``_draw_block``'s
+    array operations on the same state and normals: features of one
+    nonzero and of several batches of 32 (a column of 150 rows), weighted
+    rows; every parameter, residual and factor sum to rounding."""
+    import cupy as cp
+
+    from sklearn_cuwide import _mcmc
+    from sklearn_cuwide._backends._cuda import mcmc_block_draw
+
+    n, m = 200, 12
+    rng = np.random.default_rng(k + 10 * lin)
+    # a block: each row holds one of its features (a one-hot field), feature
+    # 0 holds 150 rows, feature 11 one
+    feat_of_row = np.concatenate([np.zeros(150, int), 1 + rng.integers(0, 10, 49), [11]])
+    rng.shuffle(feat_of_row)
+    order = np.lexsort((np.arange(n), feat_of_row))
+    local = feat_of_row[order]
+    rows, x = order.astype(np.int64), rng.uniform(-2.0, 2.0, n)
+    sr = rng.uniform(0.2, 3.0, n)
+    d = 2 * m
+    feats = np.sort(rng.choice(d, m, replace=False)).astype(np.int64)
+    counts = np.bincount(local, minlength=m)
+    ends = np.cumsum(counts)
+    w0, V0 = rng.normal(size=d), rng.normal(size=(d, k))
+    q0, e0 = rng.normal(size=(n, k)), rng.normal(size=n)
+    p = lin + k
+    z = rng.normal(size=(m, p))
+    mu, lam = rng.normal(size=p), rng.uniform(0.5, 2.0, p)
+    alpha = 1.7
+    dev = [cp.asarray(a) for a in (w0, V0, q0, e0)]
+    ref = [cp.asarray(a) for a in (w0, V0, q0, e0)]
+    block = (cp.asarray(feats), cp.asarray(rows), cp.asarray(local), cp.asarray(x),
+             cp.asarray(sr), [(0, m, 0, n, cp.asarray(ends), _mcmc._pair_groups(cp, p, n, 1 << 20))],
+             None)
+    _mcmc._draw_block(cp, block, cp.asarray(z), *ref, alpha=alpha, mu=cp.asarray(mu),
+                      lam=cp.asarray(lam), lin=lin)
+    draw = mcmc_block_draw(p)
+    draw(cp.asarray(feats), cp.asarray(ends), cp.asarray(rows), cp.asarray(x), cp.asarray(sr),
+         cp.asarray(z), *dev, alpha=alpha, mu=cp.asarray(mu), lam=cp.asarray(lam), lin=lin,
+         jitter=_mcmc.JITTER)
+    for name, got, want in zip("wVqe", dev, ref):
+        np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(want), rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+    # the features outside the block are untouched
+    outside = np.setdiff1d(np.arange(d), feats)
+    np.testing.assert_array_equal(cp.asnumpy(dev[0])[outside], w0[outside])
+    assert mcmc_block_draw(34) is None  # the array operations beyond 33 parameters
 
 
 @pytest.mark.parametrize("draws", ["joint", "single"])

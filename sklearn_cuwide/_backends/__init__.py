@@ -190,6 +190,11 @@ class Backend(Protocol):
     def lbfgs_memory_ops(self):
         """L-BFGS's products with its stored pairs, or None for numpy's."""
 
+    def mcmc_block_draw(self, n_parameters):
+        """Gibbs sampling's joint draw of a block of features of
+        ``n_parameters`` parameters each (``fit_mcmc``'s ``block_draw``), or
+        None for :func:`sklearn_cuwide._mcmc._draw_block`'s array operations."""
+
 
 def get_backend(device):
     """The backend module for a resolved device (``"cpu"`` or ``"cuda:N"``)."""

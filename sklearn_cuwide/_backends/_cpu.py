@@ -406,6 +406,12 @@ def weighted_loss(Z, y, w, loss):
     return _weighted_loss(np, Z, y, w, loss)
 
 
+def mcmc_block_draw(n_parameters):
+    """Gibbs sampling's joint draw of a block: None, numpy's array
+    operations (:func:`sklearn_cuwide._mcmc._draw_block`) draw on the host."""
+    return None
+
+
 def draw_factors(seed, scale, features, n_factors, dtype=np.float32):
     """:func:`sklearn_cuwide._state.draw_factors` with numpy (on the
     host's threads)."""

@@ -14,6 +14,8 @@ modules mirror ``cuda/``:
 * :mod:`._build` -- ``cuwide_build.cu``: the layout build's passes over the
   nonzeros, fused;
 * :mod:`._factors` -- ``cuwide_factors.cu``: the initial factors;
+* :mod:`._mcmc` -- ``cuwide_mcmc.cu``: Gibbs sampling's draws of a block of
+  features;
 * :mod:`._loss` -- ``cuwide_loss.cu``: early stopping's validation loss;
 * :mod:`._validate` -- checks of cupy / cupyx input, on the device;
 * :mod:`._upload` -- the pinned double-buffered uploader of the layout;
@@ -33,6 +35,7 @@ from ._factors import draw_factors
 from ._layout import build_layout, put_layout, stage_layout_input
 from ._lbfgs import fused_objective, lbfgs_memory_ops, matmul, rmatmul
 from ._loss import weighted_loss
+from ._mcmc import mcmc_block_draw
 from ._predict import decision_function
 from ._runtime import (
     all_finite,
@@ -71,5 +74,5 @@ __all__ = [
     "build_layout", "put_layout", "run_epoch", "decision_function", "matmul",
     "rmatmul", "fused_objective", "lbfgs_memory_ops", "validate_input",
     "host_rows", "empty_host_rows", "gather_rows", "scatter_rows", "release_cached",
-    "weighted_loss", "draw_factors", "prepare_fit", "stage_layout_input",
+    "weighted_loss", "draw_factors", "prepare_fit", "stage_layout_input", "mcmc_block_draw",
 ]
