@@ -524,8 +524,11 @@ def test_gpu_block_kernel_is_the_array_draw(lin, k):
     draw(cp.asarray(feats), cp.asarray(ends), cp.asarray(rows), cp.asarray(x), cp.asarray(sr),
          cp.asarray(z), *dev, alpha=alpha, mu=cp.asarray(mu), lam=cp.asarray(lam), lin=lin,
          jitter=_mcmc.JITTER)
+    # to rounding: the array draw's sums are differences of running sums over
+    # the block (each carries the rounding of the block's total), the
+    # kernel's run over the feature's nonzeros alone; the solves amplify both
     for name, got, want in zip("wVqe", dev, ref):
-        np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(want), rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(want), rtol=1e-8, atol=1e-10,
                                    err_msg=name)
     # the features outside the block are untouched
     outside = np.setdiff1d(np.arange(d), feats)
