@@ -6,10 +6,12 @@ of its own), then those values.  Why: the fits run CuPy's reductions without
 CUB (``_runtime.plain_reductions``), and CuPy's own ``all`` / ``any`` of a
 large bool array to one value keeps few multiprocessors busy, a hundred
 times slower than rows first (its ``max``, ``min`` and ``sum`` are not: they
-stay one pass).  Smaller arrays keep the one pass: the kernel over rows is
-one more CuPy compilation on a cold cache, which the models of a fresh
-process's usual first fits then do not pay (docs/design/host_passes.rst has
-the measurements).
+stay one pass).  Smaller arrays keep the one pass.  The threshold is the
+device checks' (``_base.DEVICE_SCAN_MIN_NNZ``): the finiteness of a
+prediction's 19.5M uploaded values took 10 ms in one pass (a 500,000-row
+prediction 25.8 ms against 15.4 ms with the checks on the host); the
+kernel over rows is compiled ahead with CuPy's others
+(:mod:`._warmup`; docs/design/host_passes.rst has the measurements).
 
 Rule: this module takes the array module as ``xp`` (cupy) and imports no
 cupy.  Why: the CPU tests check it against numpy's reductions.
@@ -18,7 +20,7 @@ cupy.  Why: the CPU tests check it against numpy's reductions.
 __all__ = ["TWO_PASS_ITEMS", "ROWS", "reduce_all", "all_finite"]
 
 #: arrays of at least this many items are reduced in two passes
-TWO_PASS_ITEMS = 1 << 25
+TWO_PASS_ITEMS = 1 << 22
 #: the first pass's rows
 ROWS = 1024
 

@@ -81,6 +81,7 @@ def _ops(value, index, layout, n_outputs, n_factors, adagrad, packed):
         lambda: cp.ascontiguousarray(sums()[rows()]),
         lambda: cp.isfinite(cp.zeros((n, D), f32)),
         lambda: _reduce.reduce_all(cp, cp.zeros(n, dtype=bool), "all"),
+        lambda: cp.zeros((2, n), dtype=bool).all(axis=1),  # its rows, for a large model
     ]
     if k:
         ops.append(lambda: cp.ascontiguousarray(cp.zeros((n, k), f32)[rows()]))
@@ -106,6 +107,9 @@ def _input_ops(value, index):
         # the stored zeros (_runtime.holds_zero) and the rows' entries
         # (_minibatch._stored, mean_row_nonzeros)
         lambda: _reduce.reduce_all(cp, cp.zeros(n, value) == 0, "any"),
+        # the rows of both, first, for the nonzeros of a matrix the device checks
+        lambda: cp.zeros((2, n), dtype=bool).all(axis=1),
+        lambda: cp.zeros((2, n), dtype=bool).any(axis=1),
         lambda: (cp.zeros(n + 1, index)[rows() + 1] - cp.zeros(n + 1, index)[rows()]).sum(),
         lambda: cp.diff(cp.zeros(n + 1, index)).astype(i64)[rows()].astype(f64),
         lambda: float(cp.dot(cp.zeros(n, f64), cp.zeros(n, f64))),  # their weighted mean
