@@ -18,7 +18,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cuwide-device}
 mkdir -p "$OUT"
 [[ -d .data ]] && export SKLEARN_CUWIDE_DATA=${SKLEARN_CUWIDE_DATA:-$PWD/.data}
-# the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration once)
+# the kernel tests each sanitizer runs (every kernel and thread-block-cluster configuration
+# once; the MCMC block kernel's are in tests/test_mcmc.py)
 MEMCHECK_K='epoch_matches_reference or row_order_kernel or in_order_kernel or concurrency_scale or all_hot or classic or packed_penalty or switches_match or ablation_entry or (predict_kernel and int32 and float32) or fused or memory_kernels or row_kernels or build_kernels or loss_kernel or factors_kernel or (cluster and (fm8 or lr-adagrad or mlr or edge))'
 RACECHECK_K1='(epoch_matches_reference and one_block) or (in_order_kernel and fm8) or all_hot or ablation_entry'
 RACECHECK_K2='fused or memory_kernels or row_kernels or build_kernels or loss_kernel or block_kernel or (cluster_epoch and (lr-adagrad or fm8 or mlr))'
@@ -60,7 +61,7 @@ race() {
   parallel "compute-sanitizer --tool racecheck --error-exitcode 9 $PYTEST -x \
       tests/test_gpu_kernels.py -k '$RACECHECK_K1'" \
     "compute-sanitizer --tool racecheck --error-exitcode 9 $PYTEST -x \
-      tests/test_gpu_kernels.py -k '$RACECHECK_K2'"
+      tests/test_gpu_kernels.py tests/test_mcmc.py -k '$RACECHECK_K2'"
 }
 for s in ${*:-checks demo bench bench-more}; do
   case $s in
@@ -69,13 +70,13 @@ for s in ${*:-checks demo bench bench-more}; do
       pid=$!; t0=$SECONDS
       step tests gpu_tests
       step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
-        $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K"
+        $PYTEST -x tests/test_gpu_kernels.py tests/test_mcmc.py -k "$MEMCHECK_K"
       wait $pid; rc=$?
       summary+=("$(printf '%-10s rc=%-3s %5ss  %s' racecheck "$rc" "$((SECONDS - t0))" \
         "$(grep -h 'RACECHECK SUMMARY' "$OUT/racecheck.log" | sort | uniq -c | tr -s ' ' | cut -c1-100)")") ;;
     tests) step tests gpu_tests ;;
     memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
-        $PYTEST -x tests/test_gpu_kernels.py -k "$MEMCHECK_K" ;;
+        $PYTEST -x tests/test_gpu_kernels.py tests/test_mcmc.py -k "$MEMCHECK_K" ;;
     racecheck) step racecheck race ;;
     demo) step demo python -m sklearn_cuwide.demo --n-samples 400000 ;;
     # the harness in two calls: floors, start-up and the systems (about 8
