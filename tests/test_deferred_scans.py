@@ -261,60 +261,51 @@ def _forbid_scoring(monkeypatch, module):
     monkeypatch.setattr(module, "decision_function", forbidden)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
-def test_predict_deferred_scans_raise_the_host_checks_messages(name, fault, monkeypatch):
-    import sklearn_cuwide._backends._cpu as cpu
+PREDICT_CASES = ["lr-adagrad", "fm", "fm-regressor"]
+#: the CPU backend with the deferral forced (its arrays stand for the copy),
+#: and the real one
+PREDICT_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
 
-    est = _fitted(name, "cpu")
+
+def _predict_defer(device, monkeypatch):
+    """The deferral for any number of entries on ``device``, and the
+    deferred checks' kinds as they will be recorded for a fault (on the
+    CPU both spied: the device check calls the host's)."""
+    if device == "cpu":
+        return _defer_everywhere(monkeypatch), ["on_device", "on_host"]
+    return _gpu_defer(monkeypatch), ["on_device"]
+
+
+def _scores(est, X):
+    return est.predict_proba(X) if hasattr(est, "predict_proba") else est.predict(X)
+
+
+@pytest.mark.parametrize("device", PREDICT_DEVICES)
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", PREDICT_CASES)
+def test_predict_deferred_scans_raise_the_host_checks_messages(name, fault, device,
+                                                               monkeypatch):
+    from sklearn_cuwide._backends import get_backend
+
+    est = _fitted(name, device)
     X, _, msg = _faulty(fault)
     before = _matrix_bytes(X)
     with pytest.raises(ValueError, match=msg):  # the host checks, at once
         est.predict(X)
-    calls = _defer_everywhere(monkeypatch)
-    _forbid_scoring(monkeypatch, cpu)
+    calls, found = _predict_defer(device, monkeypatch)
+    _forbid_scoring(monkeypatch, get_backend(est.device_))
     with pytest.raises(ValueError, match=msg):
         est.predict(X)
-    assert calls == ["on_device", "on_host"]  # found on the copy, named by the host's check
+    assert calls == found  # found on the copy, named by the host's check
     assert _matrix_bytes(X) == before
 
 
-@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
-def test_predict_deferred_scans_of_clean_data_give_the_same_values(name, monkeypatch):
-    est = _fitted(name, "cpu")
+@pytest.mark.parametrize("device", PREDICT_DEVICES)
+@pytest.mark.parametrize("name", PREDICT_CASES)
+def test_predict_deferred_scans_of_clean_data_give_the_same_values(name, device, monkeypatch):
+    est = _fitted(name, device)
     X, _ = _clean_data()
-    a = est.predict(X)
-    calls = _defer_everywhere(monkeypatch)
-    assert_array_equal(est.predict(X), a)
+    a = _scores(est, X)
+    calls, _ = _predict_defer(device, monkeypatch)
+    assert_array_equal(_scores(est, X), a)
     assert calls == ["on_device"]
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
-def test_gpu_predict_deferred_scans_raise_the_host_checks_messages(name, fault, monkeypatch):
-    from sklearn_cuwide._backends import _cuda
-
-    est = _fitted(name, "cuda")
-    X, _, msg = _faulty(fault)
-    before = _matrix_bytes(X)
-    calls = _gpu_defer(monkeypatch)
-    _forbid_scoring(monkeypatch, _cuda)
-    with pytest.raises(ValueError, match=msg):
-        est.predict(X)
-    assert calls == ["on_device"]
-    assert _matrix_bytes(X) == before
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("name", ["lr-adagrad", "fm", "fm-regressor"])
-def test_gpu_predict_deferred_scans_of_clean_data_give_the_same_values(name, monkeypatch):
-    est = _fitted(name, "cuda")
-    X, _ = _clean_data()
-    a = est.predict_proba(X) if hasattr(est, "predict_proba") else est.predict(X)
-    calls = _gpu_defer(monkeypatch)
-    b = est.predict_proba(X) if hasattr(est, "predict_proba") else est.predict(X)
-    assert calls == ["on_device"]
-    assert_array_equal(b, a)
